@@ -1,0 +1,22 @@
+# The two commands: `make run` plays/trains Wordle, `make test` runs lint and the tests.
+# Both create .venv and install the project on first use (scripts/setup.sh).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup run test lint format
+setup:
+	VENV=$(VENV) ./scripts/setup.sh
+
+run: setup
+	$(PY) examples/wordle.py $(ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: lint
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+format: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Create the project's virtual environment and install toolgym into it (idempotent).
+#
+# On a machine without an NVIDIA GPU, torch is pinned to the CPU build 2.13.0 first, which pip
+# finds on disk on our machines, so that nothing pulls several GB of CUDA packages.
+# Environment: VENV (default .venv), PYTHON (default python3), EXTRAS (default dev).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+EXTRAS=${EXTRAS:-dev}
+stamp="$VENV/.toolgym-installed"
+
+if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && [ "$stamp" -nt scripts/setup.sh ]; then
+    exit 0
+fi
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+pip=("$VENV/bin/python" -m pip install --quiet)
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+    "${pip[@]}" "torch==2.13.0"
+fi
+"${pip[@]}" -e ".[$EXTRAS]"
+touch "$stamp"
+echo "toolgym installed in $VENV"

@@ -1,0 +1,4 @@
+"""The model side of an episode (chat rendering, parsers, engines, rollouts): not built yet.
+
+See DESIGN.md; the agents issue fills this package in.
+"""

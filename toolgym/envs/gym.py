@@ -1,0 +1,168 @@
+"""`GymnasiumEnv`: any toolgym environment as a `gymnasium.Env` with text spaces.
+
+Observations are text: at reset, the row's prompt and what `reset` returned; after a step, the
+tool results. An action is the assistant's text: `<tool_call>{"name": ..., "arguments": ...}
+</tool_call>` blocks, or a JSON tool call, or a JSON list of them. Text with no tool call is the
+model's final answer: it goes to `final_answer()` and the episode terminates.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import string
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium
+from gymnasium import spaces
+
+from toolgym.envs.core import Environment, MalformedToolCall, ToolCall
+
+_TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+
+Row = dict[str, Any]
+
+
+class ChatText(spaces.Text):
+    """A `Text` space holding any Unicode string up to `max_length` characters.
+
+    gymnasium's `Text` checks every character against a fixed charset; chat text and tool
+    output can hold any character, so membership checks only type and length. Samples are
+    drawn from printable ASCII.
+    """
+
+    def __init__(self, max_length: int, seed: int | None = None) -> None:
+        super().__init__(max_length=max_length, min_length=0, charset=string.printable, seed=seed)
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
+
+
+def parse_action(text: str) -> list[ToolCall | MalformedToolCall]:
+    """The tool calls in an assistant message (Hermes `<tool_call>` blocks or bare JSON)."""
+    blocks = _TOOL_CALL_BLOCK.findall(text)
+    if blocks:
+        return [_call_from_json(block.strip()) for block in blocks]
+    stripped = text.strip()
+    if not stripped.startswith(("{", "[")):
+        return []
+    try:
+        decoded = json.loads(stripped)
+    except json.JSONDecodeError:
+        return []  # prose that happens to start with a bracket: a final answer
+    items = decoded if isinstance(decoded, list) else [decoded]
+    if not items or not all(isinstance(i, dict) and "name" in i for i in items):
+        return []
+    return [_call_from_dict(item, json.dumps(item)) for item in items]
+
+
+def _call_from_json(text: str) -> ToolCall | MalformedToolCall:
+    try:
+        decoded = json.loads(text)
+    except json.JSONDecodeError as error:
+        return MalformedToolCall(text, f"invalid JSON ({error.msg} at position {error.pos})")
+    return _call_from_dict(decoded, text)
+
+
+def _call_from_dict(decoded: Any, text: str) -> ToolCall | MalformedToolCall:
+    if not isinstance(decoded, dict) or not isinstance(decoded.get("name"), str):
+        return MalformedToolCall(text, 'expected {"name": ..., "arguments": {...}}')
+    return ToolCall(decoded["name"], decoded.get("arguments", decoded.get("parameters", {})))
+
+
+class GymnasiumEnv(gymnasium.Env[str, str]):
+    """A toolgym environment seen through gymnasium's API.
+
+    Args:
+        env: The environment (a toolgym `Environment`).
+        render_mode: None or `"ansi"` (the transcript so far as text).
+        row_sampler: `f(seed) -> row` used by `reset` when no `options` row is given; the
+            registry passes one drawing from the environment's prompt dataset.
+        max_observation_length: Upper length of the observation space.
+        max_action_length: Upper length of the action space.
+    """
+
+    # render_fps only matters to video recorders; gymnasium warns when it is missing.
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}  # noqa: RUF012
+
+    def __init__(
+        self,
+        env: Environment,
+        render_mode: str | None = None,
+        row_sampler: Callable[[int], Row] | None = None,
+        max_observation_length: int = 1 << 20,
+        max_action_length: int = 1 << 16,
+    ) -> None:
+        if render_mode not in (None, *self.metadata["render_modes"]):
+            raise ValueError(f"render_mode must be None or 'ansi', not {render_mode!r}")
+        self.env = env
+        self.render_mode = render_mode
+        self.row_sampler = row_sampler
+        self.observation_space = ChatText(max_observation_length)
+        self.action_space = ChatText(max_action_length)
+        self._transcript: list[str] = []
+        self._answered = False
+
+    def reset(self, *, seed: int | None = None, options: Row | None = None) -> tuple[str, Row]:
+        super().reset(seed=seed)
+        episode_seed = int(self.np_random.integers(0, 2**31 - 1))
+        row = dict(options) if options is not None else self._sample_row(episode_seed)
+        prompt = row.pop("prompt", None)
+        row.setdefault("seed", episode_seed)
+        first = self.env.reset(**row)
+        observation = "\n\n".join(part for part in (_prompt_text(prompt), first) if part)
+        self._transcript = [observation]
+        self._answered = False
+        return observation, {"tools": self.env.tools}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, Row]:
+        if self._answered:
+            return "Error: the episode is over.", 0.0, True, False, {"tool_calls": 0}
+        self._transcript.append(f"assistant: {action}")
+        calls = parse_action(action)
+        if not calls:
+            before = self.env.get_reward()
+            self.env.final_answer(action)
+            self._answered = True
+            info = {"turn": self.env.turn, "tool_calls": 0, "final_answer": True}
+            return "", self.env.get_reward() - before, True, False, info
+        result = self.env.step(calls)
+        observation = "\n".join(f"{m['name']}: {m['content']}" for m in result.messages)
+        self._transcript.append(observation)
+        return observation, result.reward, result.terminated, result.truncated, result.info
+
+    def render(self) -> str | None:
+        if self.render_mode == "ansi":
+            return "\n".join(self._transcript)
+        return None
+
+    def close(self) -> None:
+        self.env.close()
+
+    def _sample_row(self, seed: int) -> Row:
+        return dict(self.row_sampler(seed)) if self.row_sampler is not None else {}
+
+    @staticmethod
+    def creator(env_id: str) -> Callable[..., GymnasiumEnv]:
+        """The gymnasium entry point for a registered toolgym id."""
+
+        def create(render_mode: str | None = None, **kwargs: Any) -> GymnasiumEnv:
+            from toolgym.envs.registry import spec
+
+            env_spec = spec(env_id)
+            sampler = None
+            if env_spec.dataset_builder is not None:
+                sampler = lambda seed: env_spec.dataset(1, seed=seed)[0]  # noqa: E731
+            return GymnasiumEnv(env_spec.make(**kwargs), render_mode, sampler)
+
+        create.metadata = GymnasiumEnv.metadata  # type: ignore[attr-defined]
+        return create
+
+
+def _prompt_text(prompt: Any) -> str:
+    if prompt is None:
+        return ""
+    if isinstance(prompt, str):
+        return prompt
+    return "\n\n".join(m["content"] for m in prompt if m.get("role") in ("system", "user"))

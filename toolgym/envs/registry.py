@@ -1,0 +1,225 @@
+"""Environments by name: `register`, `make`, `spec`, `list_envs`, and third-party entry points.
+
+Ids look like `Wordle-v0` or, with a namespace, `myorg/Wordle-v0`. Every registered id is also
+a gymnasium id: `gymnasium.make("toolgym/Wordle-v0")` after `import toolgym` (gymnasium's own
+id grammar allows one `/`, so `myorg/Wordle-v0` becomes `toolgym/myorg.Wordle-v0`).
+
+Third-party packages declare entry points in the group `toolgym.envs`, read the first time the
+registry misses an id or lists ids:
+
+    [project.entry-points."toolgym.envs"]
+    "myorg/Maze-v0" = "myorg.maze:MazeEnv"      # an id: registered without importing anything
+    myorg = "myorg.envs:register_all"           # not an id: a function that calls register()
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.metadata
+import re
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import datasets
+
+from toolgym.envs.adapter import as_environment
+from toolgym.envs.core import Environment
+
+ENTRY_POINT_GROUP = "toolgym.envs"
+_ID_PATTERN = re.compile(r"^(?:(?P<namespace>[\w-]+)/)?(?P<name>[\w.-]+?)(?:-v(?P<version>\d+))?$")
+
+EntryPoint = type | Callable[..., Any] | str
+DatasetBuilder = Callable[..., "datasets.Dataset | list[dict[str, Any]]"]
+
+
+class UnknownEnvironmentError(KeyError):
+    """No environment is registered under the requested id."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+@dataclass
+class EnvSpec:
+    """How to build one registered environment and its prompt dataset.
+
+    Attributes:
+        id: The registered id, e.g. `Wordle-v0` or `myorg/Wordle-v0`.
+        entry_point: The environment class, a factory returning an instance, or `"module:attr"`.
+        kwargs: Default constructor arguments; `make(id, **overrides)` overrides them.
+        dataset_builder: `f(n, seed, **kwargs)` returning a `datasets.Dataset` (or list of rows)
+            with a `prompt` column (chat messages) and the `reset` keyword arguments.
+        description: One line shown by `toolgym envs`.
+    """
+
+    id: str
+    entry_point: EntryPoint
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    dataset_builder: DatasetBuilder | str | None = None
+    description: str | None = None
+
+    @property
+    def namespace(self) -> str | None:
+        return parse_env_id(self.id)[0]
+
+    @property
+    def name(self) -> str:
+        return parse_env_id(self.id)[1]
+
+    @property
+    def version(self) -> int | None:
+        return parse_env_id(self.id)[2]
+
+    @property
+    def gymnasium_id(self) -> str:
+        """The id under which gymnasium knows this environment."""
+        return "toolgym/" + self.id.replace("/", ".")
+
+    def make(self, **overrides: Any) -> Environment:
+        """A fresh instance with the spec's defaults updated by `overrides`."""
+        factory = _resolve(self.entry_point, what=f"entry point of {self.id}")
+        instance = factory(**{**self.kwargs, **overrides})
+        return as_environment(instance)
+
+    def dataset(self, n: int, seed: int = 0, **kwargs: Any) -> datasets.Dataset:
+        """`n` prompt rows (columns: `prompt` and the `reset` arguments), reproducible by seed."""
+        if self.dataset_builder is None:
+            raise ValueError(
+                f"{self.id} has no prompt dataset builder; pass rows with a 'prompt' column and "
+                "the reset() arguments yourself, or register it with dataset=..."
+            )
+        builder = _resolve(self.dataset_builder, what=f"dataset builder of {self.id}")
+        rows = builder(n=n, seed=seed, **kwargs)
+        return rows if isinstance(rows, datasets.Dataset) else datasets.Dataset.from_list(rows)
+
+
+_registry: dict[str, EnvSpec] = {}
+_entry_points_loaded = False
+
+
+def parse_env_id(env_id: str) -> tuple[str | None, str, int | None]:
+    """Split `namespace/Name-vN` into (namespace, name, version); ValueError if malformed."""
+    match = _ID_PATTERN.fullmatch(env_id) if isinstance(env_id, str) else None
+    if match is None:
+        raise ValueError(
+            f"malformed environment id {env_id!r}: expected 'Name-vN' or 'namespace/Name-vN' "
+            "(letters, digits, '_', '-' and '.')"
+        )
+    version = match["version"]
+    return match["namespace"], match["name"], int(version) if version is not None else None
+
+
+def register(
+    id: str,
+    entry_point: EntryPoint,
+    *,
+    dataset: DatasetBuilder | str | None = None,
+    description: str | None = None,
+    **defaults: Any,
+) -> EnvSpec:
+    """Register an environment under `id`; `defaults` are its constructor arguments.
+
+    Args:
+        id: `Name-vN` or `namespace/Name-vN`.
+        entry_point: An environment class, a factory returning an instance (a plain class
+            with `reset` and public methods is accepted too), or `"module:attr"`.
+        dataset: A prompt dataset builder `f(n, seed, **kwargs)`, or `"module:attr"`.
+        description: One line shown by `toolgym envs`.
+        **defaults: Constructor arguments used by `make(id)` unless overridden.
+    """
+    parse_env_id(id)
+    if id in _registry:
+        warnings.warn(f"Overriding environment {id!r} already in the registry.", stacklevel=2)
+    spec = EnvSpec(id, entry_point, dict(defaults), dataset, description)
+    _registry[id] = spec
+    _register_with_gymnasium(spec)
+    return spec
+
+
+def spec(id: str) -> EnvSpec:
+    """The registered EnvSpec for `id`; the error suggests close ids when there is none."""
+    found = _registry.get(id)
+    if found is None:
+        load_entry_points()
+        found = _registry.get(id)
+    if found is None:
+        raise UnknownEnvironmentError(_unknown_id_message(id))
+    return found
+
+
+def make(id: str | EnvSpec, **overrides: Any) -> Environment:
+    """A new instance of a registered environment, with constructor `overrides`."""
+    env_spec = id if isinstance(id, EnvSpec) else spec(id)
+    return env_spec.make(**overrides)
+
+
+def list_envs(namespace: str | None = None) -> list[str]:
+    """The registered ids (including entry points), sorted; optionally of one namespace."""
+    load_entry_points()
+    return sorted(i for i, s in _registry.items() if namespace is None or s.namespace == namespace)
+
+
+def load_entry_points(reload: bool = False) -> None:
+    """Read the `toolgym.envs` entry points of installed packages (once, unless `reload`)."""
+    global _entry_points_loaded
+    if _entry_points_loaded and not reload:
+        return
+    _entry_points_loaded = True
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if _ID_PATTERN.fullmatch(entry.name) and re.search(r"-v\d+$", entry.name):
+            if entry.name not in _registry:
+                register(entry.name, entry.value)
+            continue
+        try:
+            hook = entry.load()
+            hook()
+        except Exception as error:  # one broken plugin must not hide the others
+            warnings.warn(
+                f"toolgym: entry point {entry.name!r} = {entry.value!r} failed: {error!r}",
+                stacklevel=2,
+            )
+
+
+def _resolve(target: Any, what: str) -> Callable[..., Any]:
+    if isinstance(target, str):
+        module_name, _, attribute = target.partition(":")
+        if not attribute:
+            raise ValueError(f"{what}: {target!r} must look like 'package.module:attribute'")
+        target = getattr(importlib.import_module(module_name), attribute)
+    if not callable(target):
+        raise TypeError(f"{what} is not callable: {target!r}")
+    return target
+
+
+def _unknown_id_message(env_id: str) -> str:
+    known = sorted(_registry)
+    message = f"No environment registered with id {env_id!r}."
+    try:
+        namespace, name, _ = parse_env_id(env_id)
+    except ValueError:
+        namespace, name = None, env_id
+    versions = [i for i in known if _same_family(i, namespace, name)]
+    close = versions or difflib.get_close_matches(env_id, known, n=3, cutoff=0.5)
+    if close:
+        message += f" Did you mean: {', '.join(close)}?"
+    else:
+        message += f" Registered: {', '.join(known) or 'none'}."
+    return message + " (Packages register ids on import or through 'toolgym.envs' entry points.)"
+
+
+def _same_family(env_id: str, namespace: str | None, name: str) -> bool:
+    other_namespace, other_name, _ = parse_env_id(env_id)
+    return other_namespace == namespace and other_name.lower() == name.lower()
+
+
+def _register_with_gymnasium(spec: EnvSpec) -> None:
+    import gymnasium
+
+    from toolgym.envs.gym import GymnasiumEnv
+
+    gym_id = spec.gymnasium_id
+    gymnasium.registry.pop(gym_id, None)  # re-registration replaces, like ours
+    gymnasium.register(id=gym_id, entry_point=GymnasiumEnv.creator(spec.id))

@@ -1,0 +1,204 @@
+"""Tools: a method's JSON schema, its argument checks, and how its result becomes text.
+
+The schema comes from the type hints and the Google-style docstring through
+`transformers.utils.get_json_schema` (the same parser chat templates rely on), with the
+defaults added. Arguments are checked and coerced by a pydantic model built from the same
+signature, so `"42"` becomes `42` for an `int` parameter and a wrong or missing argument gives
+a message the model can act on.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, get_type_hints
+
+import pydantic
+from transformers.utils import get_json_schema
+from transformers.utils.chat_template_utils import (
+    DocstringParsingException,
+    TypeHintParsingException,
+)
+
+
+class ToolSchemaError(TypeError):
+    """A public method cannot be exposed as a tool (missing docstring, type hint, ...)."""
+
+
+class ToolArgumentError(ValueError):
+    """The arguments of a tool call do not match the tool's signature."""
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One tool: an (unbound) method with its schema and argument model."""
+
+    name: str
+    function: Callable[..., Any]
+    schema: dict[str, Any]
+    arguments_model: type[pydantic.BaseModel]
+    is_async: bool
+
+    @property
+    def signature(self) -> str:
+        """The call signature as the model should write it, e.g. `guess(word: str)`."""
+        params = self.schema["function"]["parameters"]
+        required = set(params.get("required", []))
+        parts = []
+        for name, prop in params["properties"].items():
+            text = f"{name}: {_type_label(prop)}"
+            if name not in required:
+                text += f" = {json.dumps(prop.get('default'))}"
+            parts.append(text)
+        return f"{self.name}({', '.join(parts)})"
+
+    def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Check and coerce `arguments`; raise ToolArgumentError with a readable reason."""
+        try:
+            parsed = self.arguments_model.model_validate(arguments)
+        except pydantic.ValidationError as error:
+            raise ToolArgumentError(_describe_validation_error(error)) from None
+        return {name: getattr(parsed, name) for name in type(parsed).model_fields}
+
+
+def make_tool(function: Callable[..., Any], owner: str = "") -> Tool:
+    """Build a Tool from a method or function; `owner` names its class in error messages."""
+    qualified = f"{owner}.{function.__name__}" if owner else function.__name__
+    parameters = _tool_parameters(function, qualified)
+    try:
+        schema = get_json_schema(function)
+    except (DocstringParsingException, TypeHintParsingException) as error:
+        raise ToolSchemaError(
+            f"{qualified} is a public method, so toolgym exposes it as a tool, but its schema "
+            f"cannot be built: {error}. Give it type hints and a Google-style docstring "
+            f"(a summary line and an `Args:` entry per parameter), or rename it "
+            f"`_{function.__name__}` to keep it private."
+        ) from None
+    schema["function"].pop("return", None)
+    properties = schema["function"]["parameters"]["properties"]
+    for param in parameters:
+        if param.default is not inspect.Parameter.empty and _is_json(param.default):
+            properties[param.name]["default"] = param.default
+    return Tool(
+        name=function.__name__,
+        function=function,
+        schema=schema,
+        arguments_model=_arguments_model(function, parameters, qualified),
+        is_async=inspect.iscoroutinefunction(function),
+    )
+
+
+def public_methods(cls: type, exclude: set[str]) -> dict[str, Callable[..., Any]]:
+    """The plain functions defined on `cls` (and its bases) whose names make them tools."""
+    methods: dict[str, Callable[..., Any]] = {}
+    for klass in reversed(cls.__mro__[:-1]):  # object last; subclasses override bases
+        for name, value in vars(klass).items():
+            if name.startswith("_") or name in exclude:
+                methods.pop(name, None)
+            elif inspect.isfunction(value):
+                methods[name] = value
+            else:
+                methods.pop(name, None)  # a property or attribute shadows an inherited method
+    return methods
+
+
+def collect_tools(cls: type, exclude: set[str]) -> dict[str, Tool]:
+    """Every tool of `cls`, by name; raises ToolSchemaError naming a method that cannot be one."""
+    return {
+        name: make_tool(function, owner=cls.__name__)
+        for name, function in public_methods(cls, exclude).items()
+    }
+
+
+def render_result(value: Any) -> str:
+    """Tool return value -> message content: strings as they are, everything else as JSON."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError) as error:
+        raise TypeError(
+            f"the tool returned a {type(value).__name__}, which cannot be converted to JSON "
+            f"({error}); return a string or JSON-compatible data"
+        ) from None
+
+
+def decode_arguments(arguments: Any) -> dict[str, Any]:
+    """Arguments as sent by a model (dict, JSON string, or None) -> dict; ValueError if not."""
+    if arguments is None or arguments == "":
+        return {}
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError as error:
+            raise ToolArgumentError(f"the arguments are not valid JSON ({error.msg})") from None
+    if not isinstance(arguments, dict):
+        raise ToolArgumentError(
+            f"the arguments must be a JSON object of named values, not {type(arguments).__name__}"
+        )
+    return arguments
+
+
+def _tool_parameters(function: Callable[..., Any], qualified: str) -> list[inspect.Parameter]:
+    params = list(inspect.signature(function).parameters.values())
+    if params and params[0].name in ("self", "cls"):
+        params = params[1:]
+    for param in params:
+        if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            raise ToolSchemaError(
+                f"{qualified} takes *{param.name}; a tool needs named parameters with type hints "
+                f"so that the model knows what to send. Rename it `_{function.__name__}` if it "
+                f"is not meant to be a tool."
+            )
+    return params
+
+
+def _arguments_model(
+    function: Callable[..., Any], params: list[inspect.Parameter], qualified: str
+) -> type[pydantic.BaseModel]:
+    hints = get_type_hints(function)
+    fields: dict[str, Any] = {}
+    for param in params:
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[param.name] = (hints[param.name], default)
+    config = pydantic.ConfigDict(
+        extra="forbid", coerce_numbers_to_str=True, arbitrary_types_allowed=True
+    )
+    try:
+        return pydantic.create_model(f"{function.__name__}_arguments", __config__=config, **fields)
+    except (pydantic.PydanticSchemaGenerationError, TypeError, NameError) as error:
+        raise ToolSchemaError(f"{qualified}: cannot check its arguments: {error}") from None
+
+
+def _describe_validation_error(error: pydantic.ValidationError) -> str:
+    problems = []
+    for item in error.errors():
+        name = ".".join(str(part) for part in item["loc"]) or "arguments"
+        if item["type"] == "missing":
+            problems.append(f"missing required argument '{name}'")
+        elif item["type"] == "extra_forbidden":
+            problems.append(f"unexpected argument '{name}'")
+        else:
+            problems.append(f"argument '{name}': {item['msg']} (got {item['input']!r})")
+    return "; ".join(problems)
+
+
+def _type_label(prop: dict[str, Any]) -> str:
+    if "enum" in prop:
+        return " | ".join(json.dumps(choice) for choice in prop["enum"])
+    kind = prop.get("type", "any")
+    if isinstance(kind, list):
+        kind = " | ".join(kind)
+    if kind == "array" and "items" in prop:
+        kind = f"array[{_type_label(prop['items'])}]"
+    return f"{kind} | null" if prop.get("nullable") else kind
+
+
+def _is_json(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True

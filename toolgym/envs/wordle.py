@@ -1,0 +1,212 @@
+"""Wordle: find a secret five-letter word in six guesses from per-letter colour feedback.
+
+Feedback follows the real game, repeated letters included: a letter is green in the right
+spot; otherwise yellow only while the answer still has an unmatched copy of it (greens are
+matched first, then yellows from left to right); otherwise gray. The word lists are derived
+from SCOWL (see `data/README.md` for the source and licence).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import zlib
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from toolgym.envs.core import Environment, ToolError
+
+GREEN, YELLOW, GRAY = "G", "Y", "-"
+COLOUR_NAMES = {GREEN: "green", YELLOW: "yellow", GRAY: "gray"}
+WORD_LENGTH = 5
+
+RULES = (
+    "Let's play Wordle. Find the secret five-letter English word in at most {guesses} guesses. "
+    "Call the `guess` tool with one word at a time. After each guess you get a colour for every "
+    "letter: green means the letter is in the word and in that spot, yellow means it is in the "
+    "word but in another spot, gray means it is not in the word (a repeated letter is coloured "
+    "once per copy in the answer). Use the feedback to choose your next guess."
+)
+
+
+@cache
+def answer_words() -> tuple[str, ...]:
+    """Possible answers: common English five-letter words (SCOWL size 35, see data/)."""
+    return _read_word_list("wordle_answers.txt")
+
+
+@cache
+def allowed_words() -> frozenset[str]:
+    """Every word accepted as a guess (SCOWL size 70 five-letter words plus the answers)."""
+    return frozenset(_read_word_list("wordle_allowed.txt"))
+
+
+def _read_word_list(name: str) -> tuple[str, ...]:
+    text = resources.files("toolgym.envs").joinpath("data", name).read_text(encoding="utf-8")
+    return tuple(line for line in text.splitlines() if line and not line.startswith("#"))
+
+
+def feedback(guess: str, answer: str) -> str:
+    """The colours of `guess` against `answer`, e.g. `"-YG--"` (G green, Y yellow, - gray)."""
+    pattern = [GRAY] * len(guess)
+    unmatched: Counter[str] = Counter()
+    for i, (g, a) in enumerate(zip(guess, answer, strict=True)):
+        if g == a:
+            pattern[i] = GREEN
+        else:
+            unmatched[a] += 1
+    for i, g in enumerate(guess):
+        if pattern[i] != GREEN and unmatched[g] > 0:
+            pattern[i] = YELLOW
+            unmatched[g] -= 1
+    return "".join(pattern)
+
+
+def describe(guess: str, pattern: str) -> str:
+    """Feedback as text: `C(gray) R(yellow) A(green) N(gray) E(gray)`."""
+    return " ".join(f"{g.upper()}({COLOUR_NAMES[p]})" for g, p in zip(guess, pattern, strict=True))
+
+
+class Wordle(Environment):
+    """Wordle with a `guess(word)` tool.
+
+    Reward is 1 for a win and 0 otherwise. With `shaping > 0`, a lost game earns partial credit
+    `shaping * best` where `best` is the best guess's (greens + yellows / 2) / 5, so a model is
+    rewarded for getting close before it can win.
+
+    Args:
+        max_guesses: Valid guesses allowed per game.
+        shaping: Weight of the partial credit for a lost game (0 turns it off).
+        max_turns: Turns (messages with tool calls) before truncation; invalid words use turns,
+            not guesses, so this bounds a model that keeps sending bad words.
+    """
+
+    def __init__(self, max_guesses: int = 6, shaping: float = 0.0, max_turns: int = 12) -> None:
+        if not 0.0 <= shaping < 1.0:
+            raise ValueError(f"shaping must be in [0, 1), got {shaping}")
+        self.max_guesses = max_guesses
+        self.shaping = shaping
+        self.max_turns = max_turns
+        self.answer = ""
+        self.history: list[tuple[str, str]] = []
+
+    def reset(self, answer: str | None = None) -> str | None:
+        if answer is None:
+            answer = self.rng.choice(answer_words())
+        answer = answer.strip().lower()
+        if len(answer) != WORD_LENGTH or not answer.isalpha():
+            raise ValueError(f"a Wordle answer is five letters, got {answer!r}")
+        self.answer = answer
+        self.history = []
+        return None
+
+    def guess(self, word: str) -> str:
+        """Guess the secret word and get a colour for each letter.
+
+        Args:
+            word: A five-letter English word.
+        """
+        word = word.strip().lower()
+        if len(word) != WORD_LENGTH or not word.isalpha():
+            raise ToolError(f"{word!r} is not a five-letter word; this did not use a guess.")
+        if word not in allowed_words() and word != self.answer:
+            raise ToolError(f"{word!r} is not in the word list; this did not use a guess.")
+        pattern = feedback(word, self.answer)
+        self.history.append((word, pattern))
+        used = len(self.history)
+        line = f"Guess {used}/{self.max_guesses}: {describe(word, pattern)}"
+        if pattern == GREEN * WORD_LENGTH:
+            self.done, self.reward = True, 1.0
+            return f"{line}\nCorrect! You found {word.upper()} in {used} guesses."
+        if used >= self.max_guesses:
+            self.done, self.reward = True, self._partial_credit()
+            return f"{line}\nOut of guesses. The word was {self.answer.upper()}."
+        return f"{line}\n{self.max_guesses - used} guesses left."
+
+    def _partial_credit(self) -> float:
+        if self.shaping == 0.0 or not self.history:
+            return 0.0
+        best = max(p.count(GREEN) + p.count(YELLOW) / 2 for _, p in self.history)
+        return self.shaping * best / WORD_LENGTH
+
+
+class WordleExpert:
+    """A strong Wordle player by candidate filtering, used for demonstrations and baselines.
+
+    It keeps the answers consistent with all feedback so far and guesses the one that splits
+    the remaining candidates best (highest entropy of feedback patterns); while many candidates
+    remain it uses letter frequencies, which is fast and nearly as good.
+    """
+
+    def __init__(self, answers: Sequence[str] | None = None, entropy_below: int = 150) -> None:
+        self.answers = tuple(answers if answers is not None else answer_words())
+        self.entropy_below = entropy_below
+        self.opening = self._by_letter_frequency(self.answers)
+
+    def candidates(self, history: Iterable[tuple[str, str]]) -> list[str]:
+        """Answers consistent with every (guess, pattern) pair seen so far."""
+        remaining = list(self.answers)
+        for guess, pattern in history:
+            remaining = [w for w in remaining if feedback(guess, w) == pattern]
+        return remaining
+
+    def next_guess(self, history: Sequence[tuple[str, str]]) -> str:
+        if not history:
+            return self.opening
+        remaining = self.candidates(history)
+        if not remaining:
+            raise ValueError("no answer is consistent with the feedback; was it misreported?")
+        if len(remaining) <= 2:
+            return remaining[0]
+        if len(remaining) < self.entropy_below:
+            return max(remaining, key=lambda w: _split_entropy(w, remaining))
+        return self._by_letter_frequency(remaining)
+
+    def play(self, env: Wordle) -> list[str]:
+        """Play the current episode of `env` to its end; returns the guesses made."""
+        guesses = []
+        while not env.done and not env.truncated:
+            word = self.next_guess(env.history)
+            env.step({"name": "guess", "arguments": {"word": word}})
+            guesses.append(word)
+        return guesses
+
+    @staticmethod
+    def _by_letter_frequency(words: Sequence[str]) -> str:
+        letters = Counter(c for w in words for c in set(w))
+        positions = Counter((i, c) for w in words for i, c in enumerate(w))
+        return max(
+            words,
+            key=lambda w: sum(letters[c] for c in set(w)) + sum(positions[p] for p in enumerate(w)),
+        )
+
+
+def _split_entropy(guess: str, candidates: Sequence[str]) -> float:
+    counts = Counter(feedback(guess, answer) for answer in candidates)
+    total = len(candidates)
+    entropy = -sum(n / total * math.log2(n / total) for n in counts.values())
+    return entropy + (0.01 if counts.get(GREEN * WORD_LENGTH) else 0.0)  # prefer a possible win
+
+
+def in_split(word: str, split: str) -> bool:
+    """A stable train/test split of the answers: about 10% of words are held out for tests."""
+    held_out = zlib.crc32(word.encode()) % 10 == 0
+    if split == "all":
+        return True
+    if split not in ("train", "test"):
+        raise ValueError(f"split must be 'train', 'test' or 'all', not {split!r}")
+    return held_out == (split == "test")
+
+
+def wordle_dataset(
+    n: int, seed: int = 0, split: str = "train", guesses: int = 6
+) -> list[dict[str, Any]]:
+    """`n` Wordle prompts with their answers; `split="test"` draws from held-out words."""
+    words = [w for w in answer_words() if in_split(w, split)]
+    rng = random.Random(seed)
+    chosen = rng.sample(words, n) if n <= len(words) else rng.choices(words, k=n)
+    prompt = [{"role": "user", "content": RULES.format(guesses=guesses)}]
+    return [{"prompt": prompt, "answer": word} for word in chosen]

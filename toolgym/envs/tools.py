@@ -147,10 +147,11 @@ def _tool_parameters(function: Callable[..., Any], qualified: str) -> list[inspe
         params = params[1:]
     for param in params:
         if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            stars = "*" if param.kind is inspect.Parameter.VAR_POSITIONAL else "**"
             raise ToolSchemaError(
-                f"{qualified} takes *{param.name}; a tool needs named parameters with type hints "
-                f"so that the model knows what to send. Rename it `_{function.__name__}` if it "
-                f"is not meant to be a tool."
+                f"{qualified} takes {stars}{param.name}; a tool needs named parameters with "
+                f"type hints so that the model knows what to send. Rename it "
+                f"`_{function.__name__}` if it is not meant to be a tool."
             )
     return params
 

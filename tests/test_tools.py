@@ -1,0 +1,162 @@
+"""Tool schemas from type hints and docstrings, and the errors a tool author sees."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pytest
+
+import toolgym
+from toolgym.envs.tools import make_tool
+
+
+class Tricky(toolgym.Environment):
+    def search(
+        self,
+        query: str,
+        mode: Literal["fast", "exact"] = "fast",
+        tags: list[str] | None = None,
+        limit: int = 10,
+        weights: dict[str, float] | None = None,
+        strict: bool = False,
+    ) -> str:
+        """Search the catalogue.
+
+        Args:
+            query: What to look for.
+            mode: How to match.
+            tags: Only items with all of these tags.
+            limit: Most results to return.
+            weights: Per-field weights.
+            strict: Fail instead of guessing.
+        """
+        return query
+
+    def pick(self, colour: str) -> str:
+        """Pick a colour.
+
+        Args:
+            colour: The colour to pick. (choices: ["red", "green"])
+        """
+        return colour
+
+    def _helper(self) -> None:
+        pass
+
+
+def schema(name: str) -> dict:
+    return next(t["function"] for t in Tricky().tools if t["function"]["name"] == name)
+
+
+def test_schema_in_openai_function_format():
+    tools = Tricky().tools
+    assert {t["type"] for t in tools} == {"function"}
+    assert sorted(t["function"]["name"] for t in tools) == ["pick", "search"]
+    search = schema("search")
+    assert search["description"] == "Search the catalogue."
+    assert search["parameters"]["required"] == ["query"]
+
+
+def test_schema_types_enums_optionals_lists_and_defaults():
+    props = schema("search")["parameters"]["properties"]
+    assert props["query"] == {"type": "string", "description": "What to look for."}
+    assert props["mode"]["enum"] == ["fast", "exact"]
+    assert props["mode"]["default"] == "fast"
+    assert props["tags"]["type"] == "array"
+    assert props["tags"]["items"] == {"type": "string"}
+    assert props["tags"]["nullable"] is True
+    assert props["tags"]["default"] is None
+    assert props["limit"] == {
+        "type": "integer",
+        "description": "Most results to return.",
+        "default": 10,
+    }
+    assert props["weights"]["additionalProperties"] == {"type": "number"}
+    assert props["strict"]["type"] == "boolean"
+
+
+def test_choices_in_docstring_become_an_enum():
+    props = schema("pick")["parameters"]["properties"]
+    assert props["colour"]["enum"] == ["red", "green"]
+    assert props["colour"]["description"] == "The colour to pick."
+
+
+def test_private_methods_and_base_api_are_not_tools():
+    names = {t["function"]["name"] for t in Tricky().tools}
+    assert "_helper" not in names
+    for base_name in ("reset", "step", "astep", "close", "get_reward", "final_answer"):
+        assert base_name not in names
+
+
+def test_signature_is_readable():
+    tool = Tricky._tools["search"]
+    assert tool.signature.startswith('search(query: string, mode: "fast" | "exact" = "fast"')
+    assert "limit: integer = 10" in tool.signature
+
+
+def test_missing_docstring_fails_at_class_definition_naming_the_method():
+    with pytest.raises(toolgym.ToolSchemaError, match=r"NoDoc\.act .*no docstring.*_act"):
+
+        class NoDoc(toolgym.Environment):
+            def act(self, x: int) -> str:
+                return str(x)
+
+
+def test_missing_argument_description_names_the_argument():
+    with pytest.raises(toolgym.ToolSchemaError, match=r"Half\.act.*'y'"):
+
+        class Half(toolgym.Environment):
+            def act(self, x: int, y: int) -> str:
+                """Act.
+
+                Args:
+                    x: An x.
+                """
+                return ""
+
+
+def test_missing_type_hint_is_an_error():
+    with pytest.raises(toolgym.ToolSchemaError, match=r"type hint"):
+
+        class Untyped(toolgym.Environment):
+            def act(self, x) -> str:
+                """Act.
+
+                Args:
+                    x: An x.
+                """
+                return ""
+
+
+def test_var_args_are_rejected():
+    with pytest.raises(toolgym.ToolSchemaError, match=r"\*\*kwargs"):
+
+        class Loose(toolgym.Environment):
+            def act(self, **kwargs: int) -> str:
+                """Act.
+
+                Args:
+                    kwargs: Anything.
+                """
+                return ""
+
+
+def test_plain_class_errors_at_first_use():
+    class Plain:
+        def reset(self, **kwargs):
+            return None
+
+        def act(self, x: int) -> str:
+            return str(x)
+
+    with pytest.raises(toolgym.ToolSchemaError, match=r"Plain\.act"):
+        toolgym.as_environment(Plain())
+
+
+def test_validation_coerces_numbers_sent_as_strings():
+    tool = make_tool(Tricky.search)
+    args = tool.validate({"query": 5, "limit": "3", "strict": "true", "tags": ["a"]})
+    assert args["limit"] == 3 and isinstance(args["limit"], int)
+    assert args["query"] == "5"
+    assert args["strict"] is True
+    assert args["mode"] == "fast"

@@ -165,14 +165,14 @@ class WordleExpert:
             return max(remaining, key=lambda w: _split_entropy(w, remaining))
         return self._by_letter_frequency(remaining)
 
-    def play(self, env: Wordle) -> list[str]:
-        """Play the current episode of `env` to its end; returns the guesses made."""
-        guesses = []
+    def play(self, env: Wordle) -> list[tuple[str, str]]:
+        """Play the current episode of `env` to its end; returns (guess, feedback text) pairs."""
+        moves = []
         while not env.done and not env.truncated:
             word = self.next_guess(env.history)
-            env.step({"name": "guess", "arguments": {"word": word}})
-            guesses.append(word)
-        return guesses
+            result = env.step({"name": "guess", "arguments": {"word": word}})
+            moves.append((word, result.messages[0]["content"]))
+        return moves
 
     @staticmethod
     def _by_letter_frequency(words: Sequence[str]) -> str:

@@ -12,6 +12,7 @@ import asyncio
 import concurrent.futures
 import functools
 import inspect
+import json
 import random
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -355,6 +356,18 @@ def _as_call_list(
     if isinstance(tool_calls, (ToolCall, MalformedToolCall, Mapping)):
         tool_calls = [tool_calls]
     return [_as_call(call) for call in tool_calls]
+
+
+def tool_call_from_json(text: str) -> ToolCall | MalformedToolCall:
+    """`{"name": ..., "arguments": {...}}` (or `"parameters"`) text -> a call, or why not."""
+    try:
+        decoded = json.loads(text)
+    except json.JSONDecodeError as error:
+        return MalformedToolCall(text, f"invalid JSON ({error.msg} at position {error.pos})")
+    if not isinstance(decoded, Mapping):
+        return MalformedToolCall(text, 'expected {"name": ..., "arguments": {...}}')
+    call = _as_call(decoded)
+    return MalformedToolCall(text, call.reason) if isinstance(call, MalformedToolCall) else call
 
 
 def _as_call(call: AnyToolCall) -> ToolCall | MalformedToolCall:

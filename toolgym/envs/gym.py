@@ -17,7 +17,7 @@ from typing import Any
 import gymnasium
 from gymnasium import spaces
 
-from toolgym.envs.core import Environment, MalformedToolCall, ToolCall
+from toolgym.envs.core import Environment, MalformedToolCall, ToolCall, tool_call_from_json
 
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 
@@ -43,7 +43,7 @@ def parse_action(text: str) -> list[ToolCall | MalformedToolCall]:
     """The tool calls in an assistant message (Hermes `<tool_call>` blocks or bare JSON)."""
     blocks = _TOOL_CALL_BLOCK.findall(text)
     if blocks:
-        return [_call_from_json(block.strip()) for block in blocks]
+        return [tool_call_from_json(block.strip()) for block in blocks]
     stripped = text.strip()
     if not stripped.startswith(("{", "[")):
         return []
@@ -54,21 +54,7 @@ def parse_action(text: str) -> list[ToolCall | MalformedToolCall]:
     items = decoded if isinstance(decoded, list) else [decoded]
     if not items or not all(isinstance(i, dict) and "name" in i for i in items):
         return []
-    return [_call_from_dict(item, json.dumps(item)) for item in items]
-
-
-def _call_from_json(text: str) -> ToolCall | MalformedToolCall:
-    try:
-        decoded = json.loads(text)
-    except json.JSONDecodeError as error:
-        return MalformedToolCall(text, f"invalid JSON ({error.msg} at position {error.pos})")
-    return _call_from_dict(decoded, text)
-
-
-def _call_from_dict(decoded: Any, text: str) -> ToolCall | MalformedToolCall:
-    if not isinstance(decoded, dict) or not isinstance(decoded.get("name"), str):
-        return MalformedToolCall(text, 'expected {"name": ..., "arguments": {...}}')
-    return ToolCall(decoded["name"], decoded.get("arguments", decoded.get("parameters", {})))
+    return [tool_call_from_json(json.dumps(item)) for item in items]
 
 
 class GymnasiumEnv(gymnasium.Env[str, str]):

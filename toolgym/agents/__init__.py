@@ -1,4 +1,34 @@
-"""The model side of an episode (chat rendering, parsers, engines, rollouts): not built yet.
+"""The model side of an episode: chat rendering, tool-call parsers, engines, rollouts."""
 
-See DESIGN.md; the agents issue fills this package in.
-"""
+from toolgym.agents.chat import ChatRenderer, TemplateError
+from toolgym.agents.engines import (
+    Completion,
+    Engine,
+    GenerationRequest,
+    HFEngine,
+    SamplingParams,
+    ScriptedEngine,
+)
+from toolgym.agents.parsers import PARSERS, ParsedMessage, get_parser
+from toolgym.agents.rollout import Agent, AgentLimits
+from toolgym.agents.trajectory import STATUSES, Trajectory, load_jsonl, save_jsonl
+
+__all__ = [
+    "PARSERS",
+    "STATUSES",
+    "Agent",
+    "AgentLimits",
+    "ChatRenderer",
+    "Completion",
+    "Engine",
+    "GenerationRequest",
+    "HFEngine",
+    "ParsedMessage",
+    "SamplingParams",
+    "ScriptedEngine",
+    "TemplateError",
+    "Trajectory",
+    "get_parser",
+    "load_jsonl",
+    "save_jsonl",
+]

@@ -1,0 +1,281 @@
+"""Rollouts: exact tokens, masks, statuses, batching, and episodes that never wait for others."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+import toolgym
+from toolgym.agents import (
+    STATUSES,
+    Agent,
+    AgentLimits,
+    HFEngine,
+    SamplingParams,
+    ScriptedEngine,
+    Trajectory,
+    load_jsonl,
+    save_jsonl,
+)
+from toolgym.testing import tiny_model, tiny_tokenizer
+
+GUESS = (
+    '<tool_call>\n{{"name": "guess", "arguments": {{"word": "{word}"}}}}\n</tool_call><|im_end|>'
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+def ids(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def assert_token_exact(agent: Agent, trajectory: Trajectory, tools: list[dict]) -> None:
+    """Prompt + completion ids decode to the template's rendering of the messages, every
+    observation segment is exactly the template's tokens, and the mask marks sampled tokens."""
+    rendered = agent.renderer.render(trajectory.template_messages(), tools)
+    decoded = agent.tokenizer.decode(
+        trajectory.prompt_ids + trajectory.completion_ids, skip_special_tokens=False
+    )
+    assert rendered.startswith(decoded)
+    template_ids = ids(agent.tokenizer, rendered)
+    assert template_ids[: len(trajectory.prompt_ids)] == trajectory.prompt_ids
+    # Observation tokens (mask 0) sit at the same place in the template's own tokenization.
+    offset = len(trajectory.prompt_ids)
+    sampled_text_matches = agent.tokenizer.decode(
+        trajectory.completion_ids
+    ) == agent.tokenizer.decode(template_ids[offset : offset + len(trajectory.completion_ids)])
+    assert sampled_text_matches
+    assert len(trajectory.loss_mask) == len(trajectory.completion_ids) == len(trajectory.logprobs)
+    assert set(trajectory.loss_mask) <= {0, 1}
+
+
+def scripted_agent(tokenizer, replies, **limits) -> Agent:
+    engine = ScriptedEngine([ids(tokenizer, r) for r in replies])
+    return Agent(engine, tokenizer, parser="hermes", limits=AgentLimits(**limits))
+
+
+def wordle_rows(n: int, answer: str = "crane") -> list[dict]:
+    return [{**row, "answer": answer} for row in toolgym.spec("Wordle-v0").dataset(n, seed=0)]
+
+
+def test_scripted_wordle_win_is_token_exact_with_observation_mask(tokenizer):
+    replies = [GUESS.format(word="slate"), GUESS.format(word="crane")]
+    agent = scripted_agent(tokenizer, replies)
+    (trajectory,) = agent.run([toolgym.make("Wordle-v0")], wordle_rows(1))
+    assert trajectory.status == "env_done" and trajectory.reward == 1.0
+    assert [m["role"] for m in trajectory.messages] == [
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "tool",
+    ]
+    first_reply = ids(tokenizer, replies[0])
+    n = len(first_reply)
+    assert trajectory.completion_ids[:n] == first_reply
+    assert trajectory.loss_mask[:n] == [1] * n
+    suffix = agent.renderer.tool_suffix_ids(
+        trajectory.messages[2:3], toolgym.make("Wordle-v0").tools
+    )
+    assert trajectory.completion_ids[n : n + len(suffix)] == suffix
+    assert trajectory.loss_mask[n : n + len(suffix)] == [0] * len(suffix)
+    assert "Guess 1/6" in tokenizer.decode(suffix)
+    assert trajectory.loss_mask[n + len(suffix) :] == [1] * len(ids(tokenizer, replies[1]))
+    assert_token_exact(agent, trajectory, toolgym.make("Wordle-v0").tools)
+    assert trajectory.metrics["turns"] == 2 and trajectory.metrics["tool_calls"] == 2
+
+
+@pytest.mark.parametrize(
+    ("replies", "limits", "status"),
+    [
+        (["The word is crane.<|im_end|>"], {}, "finished"),
+        ([GUESS.format(word="slate")], {"max_turns": 2}, "max_turns"),
+        (["x" * 50], {"max_new_tokens": 5}, "length"),
+        ([GUESS.format(word="slate")], {"max_episode_tokens": 60}, "length"),
+    ],
+)
+def test_episode_statuses(tokenizer, replies, limits, status):
+    agent = scripted_agent(tokenizer, replies, **limits)
+    (trajectory,) = agent.run([toolgym.make("Wordle-v0")], wordle_rows(1))
+    assert trajectory.status == status
+    assert len(trajectory.completion_ids) <= limits.get("max_episode_tokens", 10**9)
+
+
+def test_malformed_calls_are_answered_and_counted(tokenizer):
+    agent = scripted_agent(
+        tokenizer, ['<tool_call>{"name": "guess", </tool_call><|im_end|>'], max_turns=2
+    )
+    (trajectory,) = agent.run([toolgym.make("Wordle-v0")], wordle_rows(1))
+    assert trajectory.status == "max_turns"
+    assert trajectory.metrics["parse_failures"] == 2 and trajectory.metrics["tool_failures"] == 2
+    assert "could not parse the tool call" in trajectory.messages[2]["content"]
+
+
+def test_context_length_is_checked_before_a_request(tokenizer):
+    engine = ScriptedEngine([ids(tokenizer, GUESS.format(word="slate"))], context_length=520)
+    agent = Agent(engine, tokenizer, parser="hermes")
+    (trajectory,) = agent.run([toolgym.make("Wordle-v0")], wordle_rows(1))
+    assert trajectory.status == "length"
+    assert len(trajectory.prompt_ids) + len(trajectory.completion_ids) <= 520
+
+
+class SlowTools(toolgym.Environment):
+    def reset(self, delay: float = 0.0) -> str | None:
+        self.delay = delay
+        return "Call wait once."
+
+    async def wait(self) -> str:
+        """Wait for a while."""
+        await asyncio.sleep(self.delay)
+        self.done = True
+        return "waited"
+
+
+def test_a_slow_tool_holds_back_only_its_own_episode(tokenizer):
+    reply = '<tool_call>{"name": "wait", "arguments": {}}</tool_call><|im_end|>'
+    engine = ScriptedEngine([ids(tokenizer, reply)])
+    agent = Agent(engine, tokenizer, parser="hermes")
+
+    async def play():
+        finished = {}
+
+        async def one(delay):
+            (trajectory,) = await agent.arun([SlowTools()], [{"delay": delay}])
+            finished[delay] = time.perf_counter()
+            return trajectory
+
+        started = time.perf_counter()
+        await asyncio.gather(one(1.0), one(0.0), one(0.0))
+        return {d: t - started for d, t in finished.items()}
+
+    times = asyncio.run(play())
+    assert times[0.0] < 0.5 < times[1.0]
+
+
+def test_tool_timeout_ends_the_episode_with_a_named_status(tokenizer):
+    reply = '<tool_call>{"name": "wait", "arguments": {}}</tool_call><|im_end|>'
+    agent = Agent(
+        ScriptedEngine([ids(tokenizer, reply)]),
+        tokenizer,
+        parser="hermes",
+        limits=AgentLimits(tool_timeout=0.2),
+    )
+    trajectories = agent.run([SlowTools(), SlowTools()], [{"delay": 5.0}, {"delay": 0.0}])
+    assert [t.status for t in trajectories] == ["tool_timeout", "env_done"]
+    assert "0.2 s" in trajectories[0].error
+
+
+def test_requests_queued_while_the_engine_is_busy_go_out_as_one_batch(tokenizer):
+    reply = ids(tokenizer, "done<|im_end|>")
+    calls = []
+
+    def slow_first_call(prompt_ids):
+        calls.append(1)
+        if len(calls) == 1:
+            time.sleep(0.5)  # the other episodes queue their requests meanwhile
+        return reply
+
+    engine = ScriptedEngine(slow_first_call)
+    agent = Agent(engine, tokenizer, parser="hermes")
+    trajectories = agent.run([toolgym.make("Wordle-v0") for _ in range(8)], wordle_rows(8))
+    assert [t.status for t in trajectories] == ["finished"] * 8
+    assert sum(engine.batches) == 8
+    assert len(engine.batches) <= 2, engine.batches
+
+
+def test_reset_failure_and_engine_failure_are_statuses(tokenizer):
+    class Broken(toolgym.Environment):
+        def reset(self) -> str | None:
+            raise RuntimeError("database down")
+
+    def failing(prompt_ids):
+        raise ConnectionError("engine gone")
+
+    agent = scripted_agent(tokenizer, ["hi<|im_end|>"])
+    (broken,) = agent.run([Broken()], [{"prompt": "hi"}])
+    assert (broken.status, broken.error) == ("env_error", "RuntimeError: database down")
+    agent = Agent(ScriptedEngine(failing), tokenizer, parser="hermes")
+    (gone,) = agent.run([toolgym.make("Wordle-v0")], wordle_rows(1))
+    assert gone.status == "engine_error" and "engine gone" in gone.error
+    assert gone.failed and broken.failed
+    assert set(STATUSES) >= {
+        "finished",
+        "env_done",
+        "max_turns",
+        "length",
+        "tool_timeout",
+        "env_error",
+        "engine_error",
+    }
+
+
+def test_jsonl_round_trip(tokenizer, tmp_path):
+    agent = scripted_agent(tokenizer, [GUESS.format(word="crane")])
+    trajectories = agent.run([toolgym.make("Wordle-v0")], wordle_rows(1))
+    save_jsonl(trajectories, tmp_path / "t.jsonl")
+    assert load_jsonl(tmp_path / "t.jsonl") == trajectories
+
+
+@pytest.fixture(scope="module")
+def tool_calling_model(tokenizer):
+    """A tiny random model trained for a few steps on a scripted Wordle game, so that greedy
+    decoding makes real tool calls turn after turn."""
+    replies = [GUESS.format(word=w) for w in ("slate", "moist", "crane")]
+    agent = scripted_agent(tokenizer, replies)
+    (script,) = agent.run([toolgym.make("Wordle-v0")], wordle_rows(1))
+    model = tiny_model(tokenizer, seed=1)
+    sequence = torch.tensor([script.prompt_ids + script.completion_ids])
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(200):
+        model(sequence, labels=sequence).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return model.eval()
+
+
+def test_hf_engine_plays_wordle_end_to_end_token_exact(tokenizer, tool_calling_model):
+    engine = HFEngine(tool_calling_model, tokenizer)
+    agent = Agent(
+        engine,
+        tokenizer,
+        parser="auto",
+        sampling=SamplingParams(temperature=0),
+        limits=AgentLimits(max_turns=6, max_new_tokens=40),
+    )
+    envs = [toolgym.make("Wordle-v0") for _ in range(3)]
+    trajectories = agent.run(envs, wordle_rows(3))
+    for trajectory in trajectories:
+        assert trajectory.metrics["tool_calls"] >= 2, trajectory.messages
+        assert 0 in trajectory.loss_mask and 1 in trajectory.loss_mask
+        assert_token_exact(agent, trajectory, envs[0].tools)
+        assert all(lp <= 0.0 for lp in trajectory.logprobs)
+    assert any(t.reward == 1.0 for t in trajectories)
+
+
+def test_hf_engine_sampling_logprobs_match_the_model(tokenizer, tool_calling_model):
+    engine = HFEngine(tool_calling_model, tokenizer)
+    agent = Agent(
+        engine,
+        tokenizer,
+        parser="hermes",
+        sampling=SamplingParams(temperature=1.0),
+        limits=AgentLimits(max_turns=1, max_new_tokens=12),
+    )
+    (trajectory,) = agent.run([toolgym.make("Wordle-v0")], wordle_rows(1))
+    sequence = torch.tensor([trajectory.prompt_ids + trajectory.completion_ids])
+    with torch.no_grad():
+        logits = tool_calling_model(sequence).logits[0, len(trajectory.prompt_ids) - 1 : -1]
+    expected = (
+        logits.log_softmax(-1)
+        .gather(-1, torch.tensor(trajectory.completion_ids)[:, None])
+        .squeeze(-1)
+    )
+    assert torch.allclose(torch.tensor(trajectory.logprobs), expected, atol=1e-4)

@@ -1,0 +1,55 @@
+"""The engine interface: token-id prompts in, sampled token ids with logprobs out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one completion.
+
+    Attributes:
+        max_tokens: Most tokens to generate.
+        temperature: Softmax temperature; 0 means greedy.
+        top_p: Nucleus sampling mass (1.0 keeps every token).
+        stop_token_ids: Generation stops after any of these (it is included in the output).
+    """
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class GenerationRequest:
+    prompt_ids: list[int]
+    sampling: SamplingParams
+
+
+@dataclass
+class Completion:
+    """Sampled ids, the logprob of each under the sampling distribution, and why it ended."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: Literal["stop", "length"]
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the rollout scheduler needs from a generation backend."""
+
+    context_length: int
+
+    def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
+        """One completion per request, in order. Called from a worker thread."""
+        ...
+
+    def update_weights(self, model_or_state_dict: Any) -> None:
+        """Load new policy weights."""
+        ...
+
+    def close(self) -> None: ...

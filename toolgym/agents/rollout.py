@@ -1,0 +1,297 @@
+"""The episode scheduler: many episodes in flight, no lock-step turns.
+
+Every episode is its own asyncio task. When an episode needs the model, it queues a request;
+the batcher sends every request pending at that moment to the engine as one batch (in a worker
+thread, so tools keep running meanwhile). Tools run through `env.astep`, so a slow tool holds
+back only its own episode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from toolgym.agents.chat import ChatRenderer
+from toolgym.agents.engines.base import Completion, Engine, GenerationRequest, SamplingParams
+from toolgym.agents.parsers import Parser, get_parser
+from toolgym.agents.trajectory import Status, Trajectory
+from toolgym.envs.adapter import as_environment
+from toolgym.envs.core import Environment, run_coroutine
+
+Row = dict[str, Any]
+
+
+@dataclass
+class AgentLimits:
+    """Limits of one episode.
+
+    Attributes:
+        max_turns: Model turns (generations) per episode.
+        max_new_tokens: Most tokens the model may write in one turn.
+        max_episode_tokens: Budget of completion tokens (model plus observation) per episode.
+        tool_timeout: Seconds one turn's tool calls may take before the episode ends with
+            `tool_timeout`.
+    """
+
+    max_turns: int = 10
+    max_new_tokens: int = 256
+    max_episode_tokens: int = 2048
+    tool_timeout: float = 30.0
+
+
+class RequestBatcher:
+    """Collects the generation requests pending at the same time into one engine call."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._pending: list[tuple[GenerationRequest, asyncio.Future[Completion]]] = []
+        self._worker: asyncio.Task[None] | None = None
+
+    async def generate(self, request: GenerationRequest) -> Completion:
+        future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
+        self._pending.append((request, future))
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        while self._pending:
+            await asyncio.sleep(0)  # let episodes that are about to ask join this batch
+            batch, self._pending = self._pending, []
+            try:
+                completions = await asyncio.to_thread(self.engine.generate, [r for r, _ in batch])
+            except Exception as error:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(error)
+                continue
+            for (_, future), completion in zip(batch, completions, strict=True):
+                if not future.done():
+                    future.set_result(completion)
+
+
+@dataclass
+class Agent:
+    """A model that plays environments: tokenizer + parser + engine + limits.
+
+    Args:
+        engine: The generation backend.
+        tokenizer: The model's tokenizer, with a tool-capable chat template.
+        parser: A parser name (`"auto"`, `"hermes"`, ...) or a callable.
+        limits: Per-episode limits.
+        sampling: Temperature and top-p (max_tokens and stop ids are set per turn).
+        chat_template: A chat template to use instead of the tokenizer's.
+    """
+
+    engine: Engine
+    tokenizer: Any
+    parser: str | Parser = "auto"
+    limits: AgentLimits = field(default_factory=AgentLimits)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    chat_template: str | None = None
+
+    def __post_init__(self) -> None:
+        self.renderer = ChatRenderer(self.tokenizer, self.chat_template)
+        self.parse: Parser = get_parser(self.parser, self.tokenizer)
+
+    def run(
+        self, envs: Sequence[Any], rows: Sequence[Row], seeds: Sequence[int | None] | None = None
+    ) -> list[Trajectory]:
+        """Play one episode per (environment, row); returns trajectories in input order."""
+        return run_coroutine(self.arun(envs, rows, seeds))
+
+    async def arun(
+        self, envs: Sequence[Any], rows: Sequence[Row], seeds: Sequence[int | None] | None = None
+    ) -> list[Trajectory]:
+        if len(envs) != len(rows):
+            raise ValueError(f"got {len(envs)} environments for {len(rows)} rows")
+        seeds = list(seeds) if seeds is not None else [None] * len(rows)
+        batcher = RequestBatcher(self.engine)
+        episodes = [
+            Episode(self, as_environment(env), dict(row), seed, batcher).play()
+            for env, row, seed in zip(envs, rows, seeds, strict=True)
+        ]
+        return list(await asyncio.gather(*episodes))
+
+
+class Episode:
+    """One environment played to its end; `play()` returns its Trajectory."""
+
+    def __init__(
+        self, agent: Agent, env: Environment, row: Row, seed: int | None, batcher: RequestBatcher
+    ) -> None:
+        self.agent, self.env, self.batcher = agent, env, batcher
+        self.prompt = row.pop("prompt", None)
+        self.row, self.seed = row, seed
+        self.limits = agent.limits
+        self.metrics = dict.fromkeys(
+            (
+                "turns",
+                "tool_calls",
+                "tool_failures",
+                "parse_failures",
+                "generation_seconds",
+                "tool_seconds",
+            ),
+            0.0,
+        )
+
+    async def play(self) -> Trajectory:
+        try:
+            first = await asyncio.to_thread(self.env.reset, seed=self.seed, **self.row)
+            messages = _prompt_messages(self.prompt, first)
+            tools = self.env.tools
+            prompt_ids = self.agent.renderer.prompt_ids(messages, tools)
+        except Exception as error:
+            return self._finish(
+                Trajectory([], messages=_prompt_messages(self.prompt, None)), "env_error", error
+            )
+        trajectory = Trajectory(prompt_ids, messages=list(messages))
+        try:
+            status = await self._turns(trajectory, tools)
+        except _EpisodeEnd as end:
+            return self._finish(trajectory, end.status, end.error)
+        return self._finish(trajectory, status)
+
+    async def _turns(self, trajectory: Trajectory, tools: list[dict]) -> Status:
+        renderer = self.agent.renderer
+        for _ in range(self.limits.max_turns):
+            completion = await self._generate(trajectory)
+            self.metrics["turns"] += 1
+            trajectory.append(completion.token_ids, sampled=True, logprobs=completion.logprobs)
+            text = self._decode(completion)
+            parsed = self.agent.parse(text)
+            self.metrics["parse_failures"] += parsed.failures
+            trajectory.messages.append(_assistant_message(text, parsed))
+            if completion.finish_reason == "length":
+                return "length"
+            if not parsed.tool_calls:
+                self.env.final_answer(parsed.content)
+                return "finished"
+            step = await self._call_tools(parsed.tool_calls)
+            trajectory.messages.extend(step.messages)
+            if step.terminated:
+                return "env_done"
+            if step.truncated:
+                return "max_turns"
+            if completion.token_ids[-1] != renderer.end_of_turn_id:
+                trajectory.append([renderer.end_of_turn_id], sampled=False)  # stopped on EOS
+            suffix = renderer.tool_suffix_ids(step.messages, tools)
+            if self._room(trajectory) < len(suffix):
+                return "length"
+            trajectory.append(suffix, sampled=False)
+        return "max_turns"
+
+    def _room(self, trajectory: Trajectory) -> int:
+        used = len(trajectory.completion_ids)
+        context = self.agent.engine.context_length - len(trajectory.prompt_ids) - used
+        return min(self.limits.max_episode_tokens - used, context)
+
+    async def _generate(self, trajectory: Trajectory) -> Completion:
+        room = self._room(trajectory)
+        if room <= 0:
+            raise _EpisodeEnd("length")
+        sampling = SamplingParams(
+            max_tokens=min(self.limits.max_new_tokens, room),
+            temperature=self.agent.sampling.temperature,
+            top_p=self.agent.sampling.top_p,
+            stop_token_ids=self.agent.renderer.stop_token_ids,
+        )
+        started = time.perf_counter()
+        try:
+            request = GenerationRequest(trajectory.prompt_ids + trajectory.completion_ids, sampling)
+            return await self.batcher.generate(request)
+        except Exception as error:
+            raise _EpisodeEnd("engine_error", error) from error
+        finally:
+            self.metrics["generation_seconds"] += time.perf_counter() - started
+
+    async def _call_tools(self, calls: list) -> Any:
+        started = time.perf_counter()
+        try:
+            step = await asyncio.wait_for(self.env.astep(calls), self.limits.tool_timeout)
+        except TimeoutError as error:
+            raise _EpisodeEnd(
+                "tool_timeout", f"tool calls took over {self.limits.tool_timeout} s"
+            ) from error
+        except Exception as error:  # step() answers model mistakes itself; this is the env failing
+            raise _EpisodeEnd("env_error", error) from error
+        finally:
+            self.metrics["tool_seconds"] += time.perf_counter() - started
+        self.metrics["tool_calls"] += step.info["tool_calls"]
+        self.metrics["tool_failures"] += step.info["tool_failures"]
+        return step
+
+    def _decode(self, completion: Completion) -> str:
+        ids = completion.token_ids
+        if (
+            completion.finish_reason == "stop"
+            and ids
+            and ids[-1] in self.agent.renderer.stop_token_ids
+        ):
+            ids = ids[:-1]
+        return self.agent.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def _finish(
+        self, trajectory: Trajectory, status: Status, error: BaseException | str | None = None
+    ) -> Trajectory:
+        trajectory.status = status
+        trajectory.error = (
+            None
+            if error is None
+            else (error if isinstance(error, str) else f"{type(error).__name__}: {error}")
+        )
+        try:
+            trajectory.reward = float(self.env.get_reward())
+        except Exception as reward_error:
+            trajectory.status, trajectory.error = (
+                "env_error",
+                f"get_reward failed: {reward_error!r}",
+            )
+        mask = trajectory.loss_mask
+        self.metrics["model_tokens"] = float(sum(mask))
+        self.metrics["observation_tokens"] = float(len(mask) - sum(mask))
+        trajectory.metrics = self.metrics
+        trajectory.row = {k: v for k, v in self.row.items() if _is_plain(v)}
+        return trajectory
+
+
+class _EpisodeEnd(Exception):
+    def __init__(self, status: Status, error: BaseException | str | None = None) -> None:
+        super().__init__(status)
+        self.status, self.error = status, error
+
+
+def _prompt_messages(prompt: Any, first_observation: str | None) -> list[dict[str, Any]]:
+    """The row's prompt as messages, with reset()'s observation appended to the last user turn."""
+    if prompt is None:
+        messages: list[dict[str, Any]] = []
+    elif isinstance(prompt, str):
+        messages = [{"role": "user", "content": prompt}]
+    else:
+        messages = [dict(m) for m in prompt]
+    if first_observation:
+        if messages and messages[-1]["role"] == "user":
+            messages[-1]["content"] = f"{messages[-1]['content']}\n\n{first_observation}"
+        else:
+            messages.append({"role": "user", "content": first_observation})
+    if not messages:
+        raise ValueError("the row has no 'prompt' and reset() returned no observation")
+    return messages
+
+
+def _assistant_message(text: str, parsed: Any) -> dict[str, Any]:
+    """The assistant turn as written (content is the raw text, calls included) plus its calls."""
+    calls = [
+        {"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c in parsed.tool_calls
+        if hasattr(c, "name")
+    ]
+    return {"role": "assistant", "content": text, "tool_calls": calls}
+
+
+def _is_plain(value: Any) -> bool:
+    return isinstance(value, (str, int, float, bool, type(None), list, dict))

@@ -1,0 +1,95 @@
+"""`Trajectory`: one episode as token ids, masks, logprobs, messages, reward and status."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+Status = Literal[
+    "finished",  # the model answered without a tool call
+    "env_done",  # the environment ended the episode (won, lost, solved)
+    "max_turns",  # the agent's or the environment's turn limit
+    "length",  # the episode token budget, the context length, or a turn's max_tokens
+    "tool_timeout",  # a tool call took longer than the agent's tool_timeout
+    "env_error",  # reset() or the environment itself failed (not a model mistake)
+    "engine_error",  # the generation engine failed
+]
+STATUSES: tuple[str, ...] = Status.__args__  # type: ignore[attr-defined]
+INFRASTRUCTURE_FAILURES = frozenset({"tool_timeout", "env_error", "engine_error"})
+
+
+@dataclass
+class Trajectory:
+    """One episode, ready for a policy-gradient update.
+
+    Attributes:
+        prompt_ids: The rendered prompt, ending with the first generation prompt.
+        completion_ids: Model tokens and observation (tool-result) tokens, interleaved.
+        loss_mask: 1 on tokens the model sampled, 0 on observation tokens.
+        logprobs: The engine's logprob of each sampled token; 0.0 on observation tokens.
+        messages: The conversation: prompt messages, then assistant and tool messages.
+        reward: The episode reward (the environment's unless reward functions replace it).
+        rewards: Named reward components (e.g. per reward function).
+        status: How the episode ended; one of `STATUSES`.
+        error: What went wrong, for the failure statuses.
+        metrics: turns, tool_calls, tool_failures, parse_failures, generation_seconds,
+            tool_seconds, model_tokens, observation_tokens.
+        row: The dataset row the episode was reset with (without its prompt).
+    """
+
+    prompt_ids: list[int]
+    completion_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    reward: float = 0.0
+    rewards: dict[str, float] = field(default_factory=dict)
+    status: Status = "finished"
+    error: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    row: dict[str, Any] = field(default_factory=dict)
+
+    def append(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
+        """Append model tokens (`sampled=True`, with their logprobs) or observation tokens."""
+        self.completion_ids.extend(ids)
+        self.loss_mask.extend([1 if sampled else 0] * len(ids))
+        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+
+    def template_messages(self) -> list[dict[str, Any]]:
+        """The messages as the chat template should render them to reproduce the tokens.
+
+        Assistant `content` holds the raw text the model wrote, tool calls included; its
+        `tool_calls` list the parsed calls for readers. Rendering both would write the calls
+        twice, so this view drops `tool_calls` from assistant turns.
+        """
+        return [
+            {k: v for k, v in m.items() if k != "tool_calls"} if m["role"] == "assistant" else m
+            for m in self.messages
+        ]
+
+    @property
+    def failed(self) -> bool:
+        """True for infrastructure failures, which a trainer leaves out of baselines and loss."""
+        return self.status in INFRASTRUCTURE_FAILURES
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Trajectory:
+        return cls(**data)
+
+
+def save_jsonl(trajectories: Iterable[Trajectory], path: str | Path) -> None:
+    """Write one JSON object per line."""
+    with Path(path).open("w", encoding="utf-8") as file:
+        for trajectory in trajectories:
+            file.write(json.dumps(trajectory.to_dict(), ensure_ascii=False, default=str) + "\n")
+
+
+def load_jsonl(path: str | Path) -> list[Trajectory]:
+    with Path(path).open(encoding="utf-8") as file:
+        return [Trajectory.from_dict(json.loads(line)) for line in file if line.strip()]

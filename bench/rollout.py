@@ -126,8 +126,8 @@ def run(engine_name: str, episodes: int, delay: float, tokenizer, folder: str, m
     overhead = 1 - union_length(busy.spans) / wall
     print(
         f"{engine_name:5} tools {delay * 1000:3.0f} ms | {episodes} episodes, {turns:.0f} turns, "
-        f"{wall:6.2f} s | {episodes / wall:6.2f} episodes/s | {tokens / wall:7.1f} model tokens/s | "
-        f"framework overhead {overhead:5.1%}"
+        f"{wall:6.2f} s | {episodes / wall:6.2f} episodes/s | "
+        f"{tokens / wall:7.1f} model tokens/s | framework overhead {overhead:5.1%}"
     )
     base.close()
 

@@ -61,3 +61,30 @@ def train_tool_caller(tokenizer, hidden_size: int = 64):
         optimizer.step()
         optimizer.zero_grad()
     return model.eval()
+
+
+def greedy_agent(engine, tokenizer, parser: str = "auto") -> Agent:
+    """The agent the end-to-end tests use: greedy, up to 6 turns of 40 tokens."""
+    from toolgym.agents import SamplingParams
+
+    return Agent(
+        engine,
+        tokenizer,
+        parser=parser,
+        sampling=SamplingParams(temperature=0),
+        limits=AgentLimits(max_turns=6, max_new_tokens=40),
+    )
+
+
+def play_wordle_token_exact(agent: Agent, episodes: int) -> list[Trajectory]:
+    """Play Wordle episodes and check each: real tool calls, both mask values, token
+    exactness against the template, and sampled logprobs that are log-probabilities."""
+    envs = [toolgym.make("Wordle-v0") for _ in range(episodes)]
+    trajectories = agent.run(envs, wordle_rows(episodes))
+    for trajectory in trajectories:
+        assert trajectory.metrics["tool_calls"] >= 2, trajectory.messages
+        assert 0 in trajectory.loss_mask and 1 in trajectory.loss_mask
+        assert_token_exact(agent, trajectory, envs[0].tools)
+        sampled = [lp for lp, m in zip(trajectory.logprobs, trajectory.loss_mask, strict=True) if m]
+        assert all(lp <= 0.0 for lp in sampled)
+    return trajectories

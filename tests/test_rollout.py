@@ -7,7 +7,16 @@ import time
 
 import pytest
 import torch
-from helpers import GUESS, assert_token_exact, ids, scripted_agent, train_tool_caller, wordle_rows
+from helpers import (
+    GUESS,
+    assert_token_exact,
+    greedy_agent,
+    ids,
+    play_wordle_token_exact,
+    scripted_agent,
+    train_tool_caller,
+    wordle_rows,
+)
 
 import toolgym
 from toolgym.agents import (
@@ -192,21 +201,8 @@ def tool_calling_model(tokenizer):
 
 
 def test_hf_engine_plays_wordle_end_to_end_token_exact(tokenizer, tool_calling_model):
-    engine = HFEngine(tool_calling_model, tokenizer)
-    agent = Agent(
-        engine,
-        tokenizer,
-        parser="auto",
-        sampling=SamplingParams(temperature=0),
-        limits=AgentLimits(max_turns=6, max_new_tokens=40),
-    )
-    envs = [toolgym.make("Wordle-v0") for _ in range(3)]
-    trajectories = agent.run(envs, wordle_rows(3))
-    for trajectory in trajectories:
-        assert trajectory.metrics["tool_calls"] >= 2, trajectory.messages
-        assert 0 in trajectory.loss_mask and 1 in trajectory.loss_mask
-        assert_token_exact(agent, trajectory, envs[0].tools)
-        assert all(lp <= 0.0 for lp in trajectory.logprobs)
+    agent = greedy_agent(HFEngine(tool_calling_model, tokenizer), tokenizer)
+    trajectories = play_wordle_token_exact(agent, episodes=3)
     assert any(t.reward == 1.0 for t in trajectories)
 
 

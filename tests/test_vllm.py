@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from helpers import assert_token_exact, train_tool_caller, wordle_rows
+from helpers import greedy_agent, play_wordle_token_exact, train_tool_caller
 
-import toolgym
-from toolgym.agents import Agent, AgentLimits, GenerationRequest, SamplingParams
+from toolgym.agents import GenerationRequest, SamplingParams
 from toolgym.testing import tiny_tokenizer
 
 vllm = pytest.importorskip(
@@ -32,21 +31,7 @@ def tiny_vllm(tmp_path_factory):
 
 def test_vllm_plays_wordle_end_to_end_token_exact(tiny_vllm):
     engine, tokenizer, _ = tiny_vllm
-    agent = Agent(
-        engine,
-        tokenizer,
-        parser="auto",
-        sampling=SamplingParams(temperature=0),
-        limits=AgentLimits(max_turns=6, max_new_tokens=40),
-    )
-    envs = [toolgym.make("Wordle-v0") for _ in range(3)]
-    trajectories = agent.run(envs, wordle_rows(3))
-    for trajectory in trajectories:
-        assert trajectory.metrics["tool_calls"] >= 2, trajectory.messages
-        assert 0 in trajectory.loss_mask and 1 in trajectory.loss_mask
-        assert_token_exact(agent, trajectory, envs[0].tools)
-        sampled = [lp for lp, m in zip(trajectory.logprobs, trajectory.loss_mask, strict=True) if m]
-        assert all(lp <= 0.0 for lp in sampled)
+    trajectories = play_wordle_token_exact(greedy_agent(engine, tokenizer), episodes=3)
     assert any(t.reward == 1.0 for t in trajectories)
 
 
@@ -143,18 +128,7 @@ def test_server_engine_plays_wordle_token_exact_and_reloads_weights(vllm_server)
     url, tokenizer, model = vllm_server
     engine = VLLMServerEngine(url)
     assert engine.context_length == 2048
-    agent = Agent(
-        engine,
-        tokenizer,
-        parser="hermes",
-        sampling=SamplingParams(temperature=0),
-        limits=AgentLimits(max_turns=6, max_new_tokens=40),
-    )
-    envs = [toolgym.make("Wordle-v0") for _ in range(2)]
-    trajectories = agent.run(envs, wordle_rows(2))
-    for trajectory in trajectories:
-        assert trajectory.metrics["tool_calls"] >= 2, trajectory.messages
-        assert_token_exact(agent, trajectory, envs[0].tools)
+    trajectories = play_wordle_token_exact(greedy_agent(engine, tokenizer, parser="hermes"), 2)
     first_reply = trajectories[0].completion_ids[: trajectories[0].loss_mask.index(0)]
     state = {k: v.clone() for k, v in model.state_dict().items()}
     generator = torch.Generator().manual_seed(0)

@@ -225,3 +225,16 @@ def test_hf_engine_sampling_logprobs_match_the_model(tokenizer, tool_calling_mod
         .squeeze(-1)
     )
     assert torch.allclose(torch.tensor(trajectory.logprobs), expected, atol=1e-4)
+
+
+def test_hf_engine_update_weights_loads_another_models_weights(tokenizer):
+    from toolgym.testing import tiny_model
+
+    target, source = tiny_model(tokenizer, seed=0), tiny_model(tokenizer, seed=1)
+    engine = HFEngine(target, tokenizer)
+    engine.update_weights(target)  # the policy itself: nothing to copy
+    assert not torch.equal(target.lm_head.weight, source.lm_head.weight)
+    engine.update_weights(source)
+    assert all(
+        torch.equal(a, b) for a, b in zip(target.parameters(), source.parameters(), strict=True)
+    )

@@ -24,7 +24,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolgym.envs.core import MalformedToolCall, ToolCall, tool_call_from_json
+from toolgym.envs.core import (
+    MalformedToolCall,
+    ToolCall,
+    tool_call_from_dict,
+    tool_call_from_json,
+)
 
 AnyCall = ToolCall | MalformedToolCall
 
@@ -86,7 +91,7 @@ def parse_mistral(text: str) -> ParsedMessage:
                 content.strip(), [MalformedToolCall(rest, f"invalid JSON ({error.msg})")]
             )
         items = decoded if isinstance(decoded, list) else [decoded]
-        return ParsedMessage(content.strip(), [tool_call_from_json(json.dumps(i)) for i in items])
+        return ParsedMessage(content.strip(), [tool_call_from_dict(i) for i in items])
     calls: list[AnyCall] = []
     for chunk in rest.split(_MISTRAL_MARK):
         name, marker, arguments = chunk.partition("[ARGS]")
@@ -94,8 +99,8 @@ def parse_mistral(text: str) -> ParsedMessage:
             calls.append(MalformedToolCall(chunk, "expected name[ARGS]{...}"))
             continue
         calls.append(
-            tool_call_from_json(
-                json.dumps({"name": name.strip(), "arguments": _json_or_text(arguments)})
+            tool_call_from_dict(
+                {"name": name.strip(), "arguments": _json_or_text(arguments)}, chunk
             )
         )
     return ParsedMessage(content.strip(), calls)
@@ -132,7 +137,7 @@ def tokenizer_parser(tokenizer: Any) -> Parser:
                 text.strip(), [MalformedToolCall(text, f"unreadable response ({error})")]
             )
         calls = [
-            tool_call_from_json(json.dumps(call.get("function", call)))
+            tool_call_from_dict(call.get("function", call))
             for call in message.get("tool_calls") or []
         ]
         return ParsedMessage((message.get("content") or "").strip(), calls)

@@ -364,10 +364,19 @@ def tool_call_from_json(text: str) -> ToolCall | MalformedToolCall:
         decoded = json.loads(text)
     except json.JSONDecodeError as error:
         return MalformedToolCall(text, f"invalid JSON ({error.msg} at position {error.pos})")
-    if not isinstance(decoded, Mapping):
-        return MalformedToolCall(text, 'expected {"name": ..., "arguments": {...}}')
-    call = _as_call(decoded)
-    return MalformedToolCall(text, call.reason) if isinstance(call, MalformedToolCall) else call
+    return tool_call_from_dict(decoded, text)
+
+
+def tool_call_from_dict(data: Any, text: str | None = None) -> ToolCall | MalformedToolCall:
+    """A decoded `{"name": ..., "arguments": {...}}` -> a call, or why not.
+
+    `text` is what the model wrote, kept in a MalformedToolCall (default: `data` as JSON).
+    """
+    call = _as_call(data) if isinstance(data, Mapping) else None
+    if isinstance(call, ToolCall):
+        return call
+    reason = call.reason if call is not None else 'expected {"name": ..., "arguments": {...}}'
+    return MalformedToolCall(text if text is not None else json.dumps(data, default=str), reason)
 
 
 def _as_call(call: AnyToolCall) -> ToolCall | MalformedToolCall:

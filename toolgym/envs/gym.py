@@ -17,7 +17,13 @@ from typing import Any
 import gymnasium
 from gymnasium import spaces
 
-from toolgym.envs.core import Environment, MalformedToolCall, ToolCall, tool_call_from_json
+from toolgym.envs.core import (
+    Environment,
+    MalformedToolCall,
+    ToolCall,
+    tool_call_from_dict,
+    tool_call_from_json,
+)
 
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 
@@ -54,7 +60,7 @@ def parse_action(text: str) -> list[ToolCall | MalformedToolCall]:
     items = decoded if isinstance(decoded, list) else [decoded]
     if not items or not all(isinstance(i, dict) and "name" in i for i in items):
         return []
-    return [tool_call_from_json(json.dumps(item)) for item in items]
+    return [tool_call_from_dict(item) for item in items]
 
 
 class GymnasiumEnv(gymnasium.Env[str, str]):

@@ -87,14 +87,18 @@ class HFEngine:
         ]
 
     def update_weights(self, model_or_state_dict: Any) -> None:
-        """Load a state dict (or another model's weights) into the generating model."""
+        """Load a state dict (or another model's weights) into the generating model.
+
+        Passing the generating model itself (the policy trained in place) is a no-op.
+        """
+        if model_or_state_dict is self.model:
+            return
         state = (
             model_or_state_dict.state_dict()
             if hasattr(model_or_state_dict, "state_dict")
             else model_or_state_dict
         )
-        if state is not self.model.state_dict():
-            self.model.load_state_dict(state)
+        self.model.load_state_dict(state)
 
     def close(self) -> None:
         """Nothing to release: the model belongs to the caller."""

@@ -29,6 +29,7 @@ from toolgym.agents import (
     load_jsonl,
     save_jsonl,
 )
+from toolgym.envs.wordle import Wordle
 from toolgym.testing import tiny_tokenizer
 
 
@@ -160,6 +161,37 @@ def test_requests_queued_while_the_engine_is_busy_go_out_as_one_batch(tokenizer)
     assert [t.status for t in trajectories] == ["finished"] * 8
     assert sum(engine.batches) == 8
     assert len(engine.batches) <= 2, engine.batches
+
+
+def test_episodes_whose_tools_return_together_share_every_batch(tokenizer):
+    """16 games of several guesses with 50 ms sync tools: one batch of 16 per turn, and the
+    tools of all 16 episodes run at once (not a few at a time on a small thread pool)."""
+
+    class SlowWordle(Wordle):
+        def guess(self, word: str) -> str:
+            """Guess the secret word.
+
+            Args:
+                word: A five-letter English word.
+            """
+            time.sleep(0.05)
+            return super().guess(word)
+
+    replies = [GUESS.format(word=w) for w in ("slate", "moist", "crane")]
+
+    def next_guess(prompt_ids: list[int]) -> list[int]:
+        turn = tokenizer.decode(prompt_ids).count("</tool_call><|im_end|>")
+        return ids(tokenizer, replies[turn])
+
+    engine = ScriptedEngine(next_guess)
+    agent = Agent(engine, tokenizer, parser="hermes")
+    rows = [{**row, "answer": "crane"} for row in wordle_rows(16)]
+    trajectories = agent.run([SlowWordle() for _ in rows], rows)
+    assert [t.status for t in trajectories] == ["env_done"] * 16
+    turns = int(trajectories[0].metrics["turns"])
+    assert turns >= 2 and {t.metrics["turns"] for t in trajectories} == {turns}
+    assert engine.batches == [16] * turns
+    assert max(t.metrics["tool_seconds"] for t in trajectories) < 0.05 * turns + 0.2
 
 
 def test_reset_failure_and_engine_failure_are_statuses(tokenizer):

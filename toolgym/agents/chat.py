@@ -13,6 +13,8 @@ fail this check; pass a training template that keeps them (`chat_template=...`).
 
 from __future__ import annotations
 
+import functools
+import json
 from typing import Any
 
 Message = dict[str, Any]
@@ -50,6 +52,9 @@ class ChatRenderer:
     def __init__(self, tokenizer: Any, chat_template: str | None = None) -> None:
         self.tokenizer = tokenizer
         self.chat_template = chat_template
+        # GRPO groups share prompts, and every tool turn shares its head: cache both.
+        self._encode = functools.lru_cache(maxsize=1024)(_encoder(tokenizer))
+        self._heads: dict[str, str] = {}
         self.end_of_turn, self.after_end_of_turn = self._find_end_of_turn()
         self.end_of_turn_id = self._single_token_id(self.end_of_turn)
         self.stop_token_ids = sorted({self.end_of_turn_id, *_eos_ids(tokenizer)})
@@ -70,7 +75,7 @@ class ChatRenderer:
         )
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return list(self._encode(text))
 
     def prompt_ids(self, messages: list[Message], tools: list[dict] | None = None) -> list[int]:
         """The ids of the conversation so far, ending with the assistant generation prompt."""
@@ -84,7 +89,10 @@ class ChatRenderer:
             {"role": "user", "content": "u"},
             {"role": "assistant", "content": _PROBE_CONTENT, "tool_calls": [_PROBE_CALL]},
         ]
-        head = self.render(before, tools)
+        key = json.dumps(tools, sort_keys=True)
+        if key not in self._heads:
+            self._heads[key] = self.render(before, tools)
+        head = self._heads[key]
         full = self.render(before + tool_messages, tools, add_generation_prompt=True)
         if not full.startswith(head):
             raise TemplateError(_divergence("adding tool results", head, full))
@@ -112,6 +120,15 @@ class ChatRenderer:
         if len(ids) != 1:
             raise TemplateError(f"end-of-turn {token!r} is not a single token: {ids}")
         return ids[0]
+
+
+def _encoder(tokenizer: Any) -> Any:
+    """text -> tuple of ids without special tokens added; the Rust tokenizer directly when the
+    tokenizer is a fast one (the same ids, without transformers' per-call overhead)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return lambda text: tuple(backend.encode(text, add_special_tokens=False).ids)
+    return lambda text: tuple(tokenizer.encode(text, add_special_tokens=False))
 
 
 def check_prefix_preserving(renderer: ChatRenderer) -> None:

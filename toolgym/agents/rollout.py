@@ -1,8 +1,9 @@
 """The episode scheduler: many episodes in flight, no lock-step turns.
 
 Every episode is its own asyncio task. When an episode needs the model, it queues a request;
-the batcher sends every request pending at that moment to the engine as one batch (in a worker
-thread, so tools keep running meanwhile). Tools run through `env.astep`, so a slow tool holds
+the batcher sends the pending requests to the engine as one batch (in a worker thread, so tools
+keep running meanwhile) once every live episode is waiting for the model or after a short
+window (`Agent.batch_wait`). Tools run through `env.astep`, so a slow tool holds
 back only its own episode.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,26 +45,61 @@ class AgentLimits:
 
 
 class RequestBatcher:
-    """Collects the generation requests pending at the same time into one engine call."""
+    """Collects generation requests into engine batches without lock-step turns.
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    A batch goes to the engine as soon as every live episode is waiting for the model, or when
+    the oldest pending request has waited `max_wait` seconds, whichever comes first: episodes
+    whose tools return together share a batch, and a slow tool delays the others by at most
+    `max_wait`.
+    """
+
+    def __init__(
+        self, engine: Engine, max_wait: float = 0.01, thread: ThreadPoolExecutor | None = None
+    ) -> None:
+        self.engine, self.max_wait = engine, max_wait
+        self.thread = thread  # where engine.generate runs; None: the loop's default executor
+        self.live = 0  # episodes started and not yet ended
         self._pending: list[tuple[GenerationRequest, asyncio.Future[Completion]]] = []
+        self._changed = asyncio.Event()
         self._worker: asyncio.Task[None] | None = None
+
+    def episode_started(self) -> None:
+        self.live += 1
+
+    def episode_ended(self) -> None:
+        self.live -= 1
+        self._changed.set()
 
     async def generate(self, request: GenerationRequest) -> Completion:
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
         self._pending.append((request, future))
+        self._changed.set()
         if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._drain())
         return await future
 
+    async def _gather_window(self) -> None:
+        """Wait until all live episodes are pending or `max_wait` has passed."""
+        deadline = asyncio.get_running_loop().time() + self.max_wait
+        while len(self._pending) < self.live:
+            self._changed.clear()
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return
+            try:
+                await asyncio.wait_for(self._changed.wait(), remaining)
+            except TimeoutError:
+                return
+
     async def _drain(self) -> None:
         while self._pending:
-            await asyncio.sleep(0)  # let episodes that are about to ask join this batch
+            await self._gather_window()
             batch, self._pending = self._pending, []
             try:
-                completions = await asyncio.to_thread(self.engine.generate, [r for r, _ in batch])
+                requests = [r for r, _ in batch]
+                completions = await asyncio.get_running_loop().run_in_executor(
+                    self.thread, self.engine.generate, requests
+                )
             except Exception as error:
                 for _, future in batch:
                     if not future.done():
@@ -84,6 +121,10 @@ class Agent:
         limits: Per-episode limits.
         sampling: Temperature and top-p (max_tokens and stop ids are set per turn).
         chat_template: A chat template to use instead of the tokenizer's.
+        batch_wait: Longest time (seconds) a generation request waits for other episodes to
+            join its batch; episodes still running tools after it are not waited for.
+        tool_threads: Threads for sync tools and `reset` in `run` (with `arun`, they run in
+            the caller's loop's default executor).
     """
 
     engine: Engine
@@ -92,10 +133,14 @@ class Agent:
     limits: AgentLimits = field(default_factory=AgentLimits)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     chat_template: str | None = None
+    batch_wait: float = 0.01
+    tool_threads: int = 64
 
     def __post_init__(self) -> None:
         self.renderer = ChatRenderer(self.tokenizer, self.chat_template)
         self.parse: Parser = get_parser(self.parser, self.tokenizer)
+        # One long-lived thread for the engine: torch keeps its thread pool warm there.
+        self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="toolgym-engine")
 
     def run(
         self,
@@ -112,7 +157,15 @@ class Agent:
             seeds: Seeds for `reset`, e.g. shared within a GRPO group.
             on_episode_end: Called with each trajectory as its episode ends (progress bars).
         """
-        return run_coroutine(self.arun(envs, rows, seeds, on_episode_end))
+
+        async def with_tool_threads() -> list[Trajectory]:
+            loop = asyncio.get_running_loop()
+            loop.set_default_executor(
+                ThreadPoolExecutor(self.tool_threads, thread_name_prefix="toolgym-tool")
+            )
+            return await self.arun(envs, rows, seeds, on_episode_end)
+
+        return run_coroutine(with_tool_threads())
 
     async def arun(
         self,
@@ -125,10 +178,15 @@ class Agent:
         if len(envs) != len(rows):
             raise ValueError(f"got {len(envs)} environments for {len(rows)} rows")
         seeds = list(seeds) if seeds is not None else [None] * len(rows)
-        batcher = RequestBatcher(self.engine)
+        batcher = RequestBatcher(self.engine, self.batch_wait, self._engine_thread)
 
         async def play(env: Any, row: Row, seed: int | None) -> Trajectory:
-            trajectory = await Episode(self, as_environment(env), dict(row), seed, batcher).play()
+            batcher.episode_started()
+            try:
+                episode = Episode(self, as_environment(env), dict(row), seed, batcher)
+                trajectory = await episode.play()
+            finally:
+                batcher.episode_ended()
             if on_episode_end is not None:
                 on_episode_end(trajectory)
             return trajectory

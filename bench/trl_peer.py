@@ -1,0 +1,131 @@
+"""TRL's GRPOTrainer generation path with `environment_factory`, as the peer in bench/rollout.py.
+
+TRL is installed into `.bench/site` on first use (`pip install --target`), never into the
+project's environment. The peer runs `GRPOTrainer._generate_and_score_completions` on one batch
+(environment resets, multi-turn generation with tool calls, rewards) with `beta=0`, so no
+reference model is involved, and reports the time spent inside `GRPOTrainer._generate`.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+TRL_VERSION = "1.16.0"
+SITE = Path(__file__).resolve().parent.parent / ".bench" / "site"
+
+
+def import_trl() -> Any:
+    """Import trl from `.bench/site`, installing it there first if needed."""
+    if not (SITE / "trl").is_dir():
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(SITE),
+             f"trl=={TRL_VERSION}"],
+            check=True,
+        )  # fmt: skip
+    sys.path.insert(0, str(SITE))
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    import trl
+
+    return trl
+
+
+def qwen2_5_template() -> str:
+    """The Qwen2.5 chat template trl ships (TRL only accepts templates it recognises)."""
+    import_trl()
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    return qwen2_5_chat_template
+
+
+def trl_environment(env_factory: Callable[[], Any]) -> type:
+    """A TRL-style environment class around a toolgym Wordle: reset, guess, get_reward.
+
+    `guess` has no return annotation so that its schema, and so the prompt, is byte-identical to
+    the one toolgym renders.
+    """
+
+    class TRLWordle:
+        def __init__(self) -> None:
+            self.env = env_factory()
+
+        def reset(self, **row: Any) -> str | None:
+            return self.env.reset(**row)
+
+        def guess(self, word: str):
+            """Guess the secret word and get a colour for each letter.
+
+            Args:
+                word: A five-letter English word.
+            """
+            return self.env.guess(word)
+
+        def get_reward(self) -> float:
+            return self.env.get_reward()
+
+    return TRLWordle
+
+
+def trl_rollout(
+    model: Any,
+    tokenizer: Any,
+    rows: list[dict],
+    env_factory: Callable[[], Any],
+    *,
+    max_turns: int,
+    max_new_tokens: int,
+    repeats: int = 3,
+) -> dict[str, float]:
+    """Generate the batch of episodes `repeats` times through TRL; returns the median wall
+    seconds, and the model tokens, tool calls and mean reward of the last batch."""
+    trl = import_trl()
+    from datasets import Dataset
+
+    config = trl.GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="toolgym-bench-trl-"),
+        use_cpu=True,
+        bf16=False,  # the toolgym arm generates in float32 too
+        per_device_train_batch_size=len(rows),
+        num_generations=len(rows),
+        max_completion_length=max_turns * max_new_tokens,
+        max_tool_calling_iterations=max_turns,
+        beta=0.0,
+        report_to=[],
+        generation_kwargs={"do_sample": False},
+    )
+    trainer = trl.GRPOTrainer(
+        model=model,
+        processing_class=tokenizer,
+        args=config,
+        train_dataset=Dataset.from_list(rows),
+        environment_factory=trl_environment(env_factory),
+    )
+    generate, spent = trainer._generate, []
+
+    def timed_generate(prompts: list) -> Any:
+        start = time.perf_counter()
+        try:
+            return generate(prompts)
+        finally:
+            spent.append(time.perf_counter() - start)
+
+    trainer._generate = timed_generate
+    trainer._generate_and_score_completions(rows[:1] * len(rows))  # warm-up
+    spent.clear()
+    for _ in range(repeats):
+        batch = trainer._generate_and_score_completions(rows)
+    model_tokens = (batch["completion_mask"] * batch["tool_mask"]).sum().item()
+    metrics = trainer._metrics["train" if trainer.model.training else "eval"]
+    return {
+        "wall": statistics.median(spent),
+        "model_tokens": model_tokens,
+        "tool_calls": metrics["tools/call_frequency"][-1] * len(rows),
+        "reward": metrics["reward"][-1],
+    }

@@ -26,10 +26,19 @@ def import_trl() -> Any:
     """Import trl from `.bench/site`, installing it there first if needed."""
     if not (SITE / "trl").is_dir():
         subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(SITE),
-             f"trl=={TRL_VERSION}"],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--target",
+                str(SITE),
+                f"trl=={TRL_VERSION}",
+            ],
             check=True,
-        )  # fmt: skip
+        )
     sys.path.insert(0, str(SITE))
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import trl

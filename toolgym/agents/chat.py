@@ -98,6 +98,18 @@ class ChatRenderer:
             raise TemplateError(_divergence("adding tool results", head, full))
         return self.encode(self.after_end_of_turn + full[len(head) :])
 
+    def assistant_ids(self, message: Message, tools: list[dict] | None = None) -> list[int]:
+        """The ids of an assistant turn as the template writes it, through its end-of-turn
+        token: what a model imitating `message` should generate (demonstrations for SFT)."""
+        before = [{"role": "user", "content": "u"}]
+        head = self.render(before, tools, add_generation_prompt=True)
+        full = self.render([*before, message], tools)
+        if not full.startswith(head):
+            raise TemplateError(_divergence("adding an assistant turn", head, full))
+        body = full[len(head) :]
+        end = body.rindex(self.end_of_turn) + len(self.end_of_turn)
+        return self.encode(body[:end])
+
     def _find_end_of_turn(self) -> tuple[str, str]:
         """The text that closes an assistant turn (e.g. `<|im_end|>`) and what follows it."""
         messages = [

@@ -83,9 +83,9 @@ class Trajectory:
         return cls(**data)
 
 
-def save_jsonl(trajectories: Iterable[Trajectory], path: str | Path) -> None:
-    """Write one JSON object per line."""
-    with Path(path).open("w", encoding="utf-8") as file:
+def save_jsonl(trajectories: Iterable[Trajectory], path: str | Path, append: bool = False) -> None:
+    """Write one JSON object per line (after what the file holds when `append`)."""
+    with Path(path).open("a" if append else "w", encoding="utf-8") as file:
         for trajectory in trajectories:
             file.write(json.dumps(trajectory.to_dict(), ensure_ascii=False, default=str) + "\n")
 

@@ -1,4 +1,34 @@
-"""From trajectories to a policy-gradient update (GRPO, RLOO): not built yet.
+"""From finished trajectories to a policy-gradient update.
 
-See DESIGN.md; the algorithms issue fills this package in.
+`GRPOTrainer` / `RLOOTrainer` run the loop (rollouts, rewards, advantages, update, weight sync);
+`advantages`, `losses`, `batch` and `rewards` are its parts, usable on their own; `sft` is the
+optional warm-up on environment demonstrations.
 """
+
+from toolgym.algorithms.advantages import group_advantages
+from toolgym.algorithms.batch import TokenBatch, collate
+from toolgym.algorithms.config import GRPOConfig, RLOOConfig, SFTConfig
+from toolgym.algorithms.grpo import GRPOTrainer, summarize
+from toolgym.algorithms.losses import StepNormalizer, masked_nll, policy_loss, token_logprobs
+from toolgym.algorithms.rewards import compute_rewards
+from toolgym.algorithms.rloo import RLOOTrainer
+from toolgym.algorithms.sft import demonstrations, warmup_sft
+
+__all__ = [
+    "GRPOConfig",
+    "GRPOTrainer",
+    "RLOOConfig",
+    "RLOOTrainer",
+    "SFTConfig",
+    "StepNormalizer",
+    "TokenBatch",
+    "collate",
+    "compute_rewards",
+    "demonstrations",
+    "group_advantages",
+    "masked_nll",
+    "policy_loss",
+    "summarize",
+    "token_logprobs",
+    "warmup_sft",
+]

@@ -163,6 +163,14 @@ class Environment:
         set `reward` / `done`. The default ignores the text.
         """
 
+    def demonstration(self) -> list[list[ToolCall]] | None:
+        """An expert's tool calls for the current episode, one list per turn (for SFT warm-up).
+
+        Called right after `reset`; it must not change the episode's state. The default has
+        no expert and returns None.
+        """
+        return None
+
     @property
     def rng(self) -> random.Random:
         if "_rng" not in self.__dict__:

@@ -17,7 +17,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from toolgym.envs.core import Environment, ToolError
+from toolgym.envs.core import Environment, ToolCall, ToolError
 
 GREEN, YELLOW, GRAY = "G", "Y", "-"
 COLOUR_NAMES = {GREEN: "green", YELLOW: "yellow", GRAY: "gray"}
@@ -126,6 +126,17 @@ class Wordle(Environment):
             return f"{line}\nOut of guesses. The word was {self.answer.upper()}."
         return f"{line}\n{self.max_guesses - used} guesses left."
 
+    def demonstration(self) -> list[list[ToolCall]]:
+        """The expert's guesses for this episode's answer, one tool call per turn."""
+        expert, history, turns = _expert(), list(self.history), []
+        while len(history) < self.max_guesses:
+            word = expert.next_guess(history)
+            turns.append([ToolCall("guess", {"word": word})])
+            history.append((word, feedback(word, self.answer)))
+            if word == self.answer:
+                break
+        return turns
+
     def _partial_credit(self) -> float:
         if self.shaping == 0.0 or not self.history:
             return 0.0
@@ -182,6 +193,11 @@ class WordleExpert:
             words,
             key=lambda w: sum(letters[c] for c in set(w)) + sum(positions[p] for p in enumerate(w)),
         )
+
+
+@cache
+def _expert() -> WordleExpert:
+    return WordleExpert()
 
 
 def _split_entropy(guess: str, candidates: Sequence[str]) -> float:

@@ -1,0 +1,131 @@
+"""The loss, advantages and logprobs against direct hand computations on small tensors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from toolgym.agents.trajectory import Trajectory
+from toolgym.algorithms import (
+    StepNormalizer,
+    collate,
+    group_advantages,
+    policy_loss,
+    token_logprobs,
+)
+from toolgym.testing import tiny_model, tiny_tokenizer
+
+
+def test_grpo_advantages_by_hand():
+    advantages, used = group_advantages([1.0, 0.0, 0.0, 1.0], [True] * 4, 4, scale="none")
+    assert advantages.tolist() == [0.5, -0.5, -0.5, 0.5] and used.all()
+    scaled, _ = group_advantages([1.0, 0.0, 0.0, 1.0], [True] * 4, 4, scale="group")
+    std = math.sqrt(sum((x - 0.5) ** 2 for x in [1, 0, 0, 1]) / 3)  # unbiased, like torch.std
+    assert scaled.tolist() == pytest.approx([0.5 / std, -0.5 / std, -0.5 / std, 0.5 / std], 1e-3)
+
+
+def test_rloo_baseline_is_the_mean_of_the_others():
+    advantages, _ = group_advantages([3.0, 1.0, 2.0], [True] * 3, 3, baseline="rloo", scale="none")
+    assert advantages.tolist() == pytest.approx([3 - 1.5, 1 - 2.5, 2 - 2.0])
+
+
+def test_infrastructure_failures_leave_the_baseline_and_the_loss():
+    rewards = [1.0, 0.0, 0.0, 5.0, 0.0, 1.0]  # groups of 3; the 5.0 is a crashed episode
+    valid = [True, True, True, False, True, False]
+    advantages, used = group_advantages(rewards, valid, 3, scale="none")
+    assert advantages[:3].tolist() == pytest.approx([2 / 3, -1 / 3, -1 / 3])
+    # the second group keeps one valid member: no baseline, no contribution
+    assert used.tolist() == [True, True, True, False, False, False]
+    assert advantages[3:].tolist() == [0.0, 0.0, 0.0]
+
+
+def _loss(logprobs, old, advantages, mask, loss_type, **kwargs):
+    tokens = float(mask.sum())
+    normalizer = StepNormalizer(
+        sequences=mask.shape[0], tokens=tokens, micro_batches=1, max_tokens=10
+    )
+    loss, _ = policy_loss(
+        logprobs, old, advantages, mask, normalizer, loss_type=loss_type, **kwargs
+    )
+    return loss
+
+
+def test_each_loss_type_matches_a_hand_computation():
+    logprobs = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -1.2, -0.7]])
+    old = torch.tensor([[-1.1, -1.5, -0.5], [-0.3, -1.0, -0.9]])
+    advantages = torch.tensor([1.0, -2.0])
+    mask = torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]])
+
+    def token(lp, lo, a, low=0.2, high=0.28):
+        ratio = math.exp(lp - lo)
+        return -min(ratio * a, min(max(ratio, 1 - low), 1 + high) * a)
+
+    per_token = [
+        [token(logprobs[i, j].item(), old[i, j].item(), advantages[i].item()) for j in range(3)]
+        for i in range(2)
+    ]
+    row0 = per_token[0][0] + per_token[0][2]
+    row1 = sum(per_token[1])
+    expected = {
+        "grpo": (row0 / 2 + row1 / 3) / 2,
+        "bnpo": (row0 + row1) / 5,
+        "dapo": (row0 + row1) / 5,
+        "dr_grpo": (row0 + row1) / (2 * 10),
+    }
+    for loss_type, value in expected.items():
+        loss = _loss(logprobs, old, advantages, mask, loss_type, clip_low=0.2, clip_high=0.28)
+        assert loss.item() == pytest.approx(value, rel=1e-5), loss_type
+
+
+def test_kl_and_importance_weights_by_hand():
+    logprobs = torch.tensor([[-1.0, -2.0]])
+    ref = torch.tensor([[-1.5, -1.0]])
+    sampling = torch.tensor([[-0.2, -2.0]])
+    mask = torch.tensor([[1.0, 1.0]])
+    advantages = torch.tensor([1.0])
+    loss = _loss(
+        logprobs,
+        logprobs,
+        advantages,
+        mask,
+        "dapo",
+        beta=0.1,
+        ref_logprobs=ref,
+        sampling_logprobs=sampling,
+        importance_cap=2.0,
+    )
+    weights = [min(math.exp(-1.0 - -0.2), 2.0), min(math.exp(-2.0 - -2.0), 2.0)]
+    kl = [math.exp(d) - d - 1 for d in (-1.5 - -1.0, -1.0 - -2.0)]
+    expected = sum(-1.0 * w + 0.1 * k for w, k in zip(weights, kl, strict=True)) / 2
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_changing_an_observation_token_logit_changes_nothing():
+    logprobs = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    mask = torch.tensor([[1.0, 0.0, 1.0]])  # the middle token is a tool result
+    args = (logprobs.detach(), torch.tensor([0.7]), mask, "dapo")
+    loss = _loss(logprobs, *args)
+    loss.backward()
+    assert logprobs.grad[0, 1] == 0.0
+    changed = logprobs.detach().clone()
+    changed[0, 1] = -9.0
+    assert _loss(changed, *args).item() == loss.item()
+
+
+def test_chunked_logprobs_equal_full_logits_and_ignore_observation_tokens():
+    tokenizer = tiny_tokenizer()
+    model = tiny_model(tokenizer, seed=3)
+    trajectory = Trajectory(list(range(5, 12)), messages=[])
+    trajectory.append(list(range(20, 26)), sampled=True, logprobs=[-0.5] * 6)
+    trajectory.append(list(range(40, 44)), sampled=False)
+    trajectory.append(list(range(30, 33)), sampled=True, logprobs=[-0.5] * 3)
+    batch = collate([trajectory], tokenizer.pad_token_id, advantages=[1.0])
+    chunked = token_logprobs(model, batch.input_ids, batch.attention_mask, chunk_size=4)
+    logits = model(input_ids=batch.input_ids).logits[:, :-1].float()
+    direct = logits.log_softmax(-1).gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+    assert torch.allclose(chunked, direct, atol=1e-5)
+    mask, _, tokens = batch.targets()
+    assert tokens == 9  # only sampled tokens: not the prompt, not the 4 observation tokens
+    assert mask[0, 7 + 6 - 1 : 7 + 6 + 4 - 1].sum() == 0

@@ -1,0 +1,140 @@
+"""GRPOTrainer / RLOOTrainer end to end on a tiny model: warm-up, steps, rewards, resume."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from helpers import train_tool_caller
+
+import toolgym
+from toolgym.agents.trajectory import load_jsonl
+from toolgym.algorithms import GRPOConfig, GRPOTrainer, RLOOTrainer, SFTConfig
+from toolgym.testing import tiny_model, tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+def config(tmp_path, **overrides) -> GRPOConfig:
+    settings = dict(
+        output_dir=str(tmp_path),
+        max_steps=3,
+        prompts_per_step=2,
+        num_generations=3,
+        micro_batch_size=4,
+        max_turns=3,
+        max_new_tokens=60,
+        max_episode_tokens=400,
+        parser="hermes",
+        learning_rate=1e-3,
+        batch_wait=60.0,  # reproducible batches, so sampling replays exactly after a resume
+        progress_bar=False,
+    )
+    settings.update(overrides)
+    return GRPOConfig(**settings)
+
+
+def rows(count: int, seed: int = 0) -> list[dict]:
+    return list(toolgym.spec("Wordle-v0").dataset(count, seed=seed))
+
+
+def valid_guesses(prompts, completions, trajectories, **_):
+    return [t.metrics["tool_calls"] - t.metrics["tool_failures"] for t in trajectories]
+
+
+def test_resume_from_checkpoint_repeats_the_same_steps(tokenizer, tmp_path):
+    def trainer(folder):
+        torch.manual_seed(0)
+        model = train_tool_caller(tokenizer)
+        args = config(folder, save_steps=1, env_reward=False, temperature=0.8)
+        return GRPOTrainer(
+            model,
+            "Wordle-v0",
+            rows(6),
+            reward_funcs=[valid_guesses],
+            args=args,
+            tokenizer=tokenizer,
+        )
+
+    first = trainer(tmp_path / "a")
+    history = first.train()
+    assert any(m["reward_std"] > 0 for m in history), "no reward signal to compare"
+    second = trainer(tmp_path / "b")
+    resumed = second.train(resume_from_checkpoint=tmp_path / "a" / "checkpoint-1")
+    assert len(resumed) == 2
+    for a, b in zip(history[1:], resumed, strict=True):
+        assert a["reward"] == b["reward"] and a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+    samples_a = [t for t in load_jsonl(tmp_path / "a" / "samples.jsonl") if t.metrics["step"] > 1]
+    samples_b = load_jsonl(tmp_path / "b" / "samples.jsonl")
+    assert [t.completion_ids for t in samples_a] == [t.completion_ids for t in samples_b]
+    for p, q in zip(first.model.parameters(), second.model.parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-6)
+
+
+def test_warmup_fits_demonstrations_and_training_logs_everything(tokenizer, tmp_path):
+    model = tiny_model(tokenizer, seed=1, hidden_size=64)
+    trainer = GRPOTrainer(
+        model,
+        "Wordle-v0",
+        rows(8),
+        args=config(tmp_path, max_steps=2),
+        tokenizer=tokenizer,
+        eval_dataset=rows(4, seed=5),
+    )
+    losses = trainer.warmup(rows(8, seed=9), SFTConfig(learning_rate=1e-2, epochs=20))
+    assert losses[-1] < losses[0] / 2  # the demonstrations' assistant tokens became likely
+    assert trainer.evaluate()["episodes"] == 4
+    history = trainer.train()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2]
+    assert {"reward", "success_rate", "loss", "statuses", "step_seconds"} <= set(history[0])
+    assert len(load_jsonl(tmp_path / "samples.jsonl")) == 2 * 2 * 3
+    assert (tmp_path / "rewards.png").exists() and (tmp_path / "checkpoint-2").is_dir()
+
+
+def test_reward_functions_and_rloo(tokenizer, tmp_path):
+    seen = {}
+
+    def short_answers(prompts, completions, environments, trajectories, answer, **_):
+        seen["columns"] = answer
+        return [None if i == 0 else -len(c) / 100 for i, c in enumerate(completions)]
+
+    model = train_tool_caller(tokenizer)
+    args = config(tmp_path, max_steps=1, reward_weights=[1.0, 0.5], advantage="rloo")
+    trainer = RLOOTrainer(
+        model, "Wordle-v0", rows(4), reward_funcs=[short_answers], args=args, tokenizer=tokenizer
+    )
+    (metrics,) = trainer.train()
+    assert len(seen["columns"]) == 6 and "rewards/short_answers" in metrics
+    assert metrics["rewards/short_answers"] < 0
+
+
+def test_crashing_environment_is_excluded_not_fatal(tokenizer, tmp_path):
+    class Flaky(toolgym.Environment):
+        calls = 0
+
+        def reset(self, answer: str = "") -> str | None:
+            Flaky.calls += 1
+            if Flaky.calls % 3 == 0:
+                raise RuntimeError("backend down")
+            return None
+
+        def guess(self, word: str) -> str:
+            """Guess.
+
+            Args:
+                word: A word.
+            """
+            self.done, self.reward = True, float(word == "crane")
+            return "ok"
+
+    model = train_tool_caller(tokenizer)
+    trainer = GRPOTrainer(
+        model, Flaky, rows(4), args=config(tmp_path, max_steps=1), tokenizer=tokenizer
+    )
+    (metrics,) = trainer.train()
+    assert metrics["excluded"] == 2 and metrics["statuses"]["env_error"] == 2

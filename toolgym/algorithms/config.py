@@ -1,0 +1,173 @@
+"""Training configuration: every knob a documented dataclass field with a usable default."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+LossType = Literal["grpo", "dr_grpo", "dapo", "bnpo"]
+ScaleRewards = Literal["group", "batch", "none"]
+EngineName = Literal["hf", "vllm", "vllm-server"]
+
+
+@dataclass
+class GRPOConfig:
+    """Settings of `GRPOTrainer` (and, with `advantage="rloo"`, `RLOOTrainer`).
+
+    One training step draws `prompts_per_step` rows, plays `num_generations` episodes of each
+    (a group, every member reset with the same seed), scores them, and makes one optimizer
+    step over all of them in micro-batches of `micro_batch_size` trajectories.
+    """
+
+    # -- output -------------------------------------------------------------------------------
+    output_dir: str = "runs/grpo"
+    """Where metrics, samples, checkpoints and the reward plot go."""
+    seed: int = 0
+    """Seeds data order, episode seeds, sampling and initialisation of anything random."""
+
+    # -- optimisation -------------------------------------------------------------------------
+    learning_rate: float = 1e-6
+    """Peak learning rate of AdamW."""
+    lr_scheduler: Literal["constant", "linear", "cosine"] = "constant"
+    """Schedule after warm-up: constant, linear decay to 0, or cosine decay to 0."""
+    warmup_steps: int = 0
+    """Steps of linear learning-rate warm-up from 0."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_betas: tuple[float, float] = (0.9, 0.99)
+    """AdamW betas."""
+    max_grad_norm: float = 1.0
+    """Gradient-norm clip (0 turns it off)."""
+    max_steps: int = 100
+    """Training steps (optimizer steps)."""
+    prompts_per_step: int = 4
+    """Distinct dataset rows per step (per process when several processes run)."""
+    num_generations: int = 8
+    """Episodes per row (the group size); at least 2 for a group baseline."""
+    micro_batch_size: int = 8
+    """Trajectories per forward/backward pass; gradients accumulate over one step's
+    micro-batches (this is the gradient-accumulation knob)."""
+    logprob_chunk_size: int = 1024
+    """Tokens per chunk when computing logprobs, so full-vocabulary float32 logits are never
+    held for the whole batch."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+
+    # -- rollouts ------------------------------------------------------------------------------
+    engine: EngineName = "hf"
+    """Generation backend: transformers on the policy itself, vLLM in-process, or a vLLM
+    server (`vllm_server_url`)."""
+    vllm_server_url: str = "http://127.0.0.1:8000"
+    """Base URL of the vLLM server when `engine="vllm-server"`."""
+    parser: str = "auto"
+    """Tool-call parser name (see `toolgym.agents.parsers`)."""
+    max_turns: int = 10
+    """Model turns per episode."""
+    max_new_tokens: int = 128
+    """Tokens the model may write per turn."""
+    max_episode_tokens: int = 1024
+    """Completion budget per episode (model plus observation tokens)."""
+    tool_timeout: float = 30.0
+    """Seconds one turn's tool calls may take before the episode ends with `tool_timeout`."""
+    temperature: float = 1.0
+    """Sampling temperature during training rollouts (also applied to trainer logprobs)."""
+    top_p: float = 1.0
+    """Nucleus sampling during training rollouts."""
+    batch_wait: float = 0.01
+    """Longest wait (seconds) of a generation request for other episodes to join its batch
+    (`Agent.batch_wait`); a large value makes batches, and so sampling, reproducible."""
+
+    # -- the objective -------------------------------------------------------------------------
+    advantage: Literal["grpo", "rloo"] = "grpo"
+    """Group baseline: mean of the group (GRPO) or mean of the others (RLOO)."""
+    scale_rewards: ScaleRewards = "group"
+    """Divide advantages by the reward std of the group, of the batch, or not at all
+    (Dr. GRPO recommends "none")."""
+    loss_type: LossType = "dapo"
+    """Token aggregation: `grpo` (mean per sequence, then over sequences), `bnpo` (mean over
+    the micro-batch's tokens), `dapo` (sum over the step's tokens divided by their count, so
+    every token weighs the same however the step is split), `dr_grpo` (sum divided by
+    trajectories x `max_episode_tokens`)."""
+    epsilon: float = 0.2
+    """Lower clip range of the probability ratio."""
+    epsilon_high: float | None = 0.28
+    """Upper clip range (DAPO's clip-higher); None means `epsilon`."""
+    beta: float = 0.0
+    """KL coefficient against the reference model (the starting policy); the reference is
+    kept only when beta > 0."""
+    importance_sampling: bool = True
+    """Correct for the engine's sampling distribution differing from the trainer's
+    (truncated importance weights from the engine's logprobs)."""
+    importance_sampling_cap: float = 2.0
+    """Cap of the truncated importance weight."""
+    mask_truncated: bool = False
+    """Leave episodes that hit a length limit (`length`, `max_turns`) out of the loss."""
+    reward_weights: list[float] | None = None
+    """Weights of the reward sources, in order: the environment's reward (when
+    `env_reward=True`) and then each reward function. None: all 1."""
+    env_reward: bool = True
+    """Use the environment's own reward as a reward source."""
+    success_threshold: float = 1.0
+    """An episode with at least this reward counts as a success in the logs."""
+
+    # -- logging, saving, evaluation -----------------------------------------------------------
+    logging_steps: int = 1
+    """Write metrics every this many steps."""
+    save_steps: int = 0
+    """Save a checkpoint every this many steps (0: only at the end)."""
+    save_samples: bool = True
+    """Append each step's trajectories to `samples.jsonl`."""
+    eval_steps: int = 0
+    """Evaluate on the eval dataset every this many steps (0: never during training)."""
+    report_to: list[str] = field(default_factory=list)
+    """Extra trackers: any of "trackio", "wandb", "tensorboard" (metrics JSONL is always
+    written)."""
+    progress_bar: bool = True
+    """Show a progress bar with reward, success rate and step time."""
+    lora: dict[str, Any] | None = None
+    """Train LoRA adapters through peft with these `LoraConfig` arguments (None: full
+    fine-tuning)."""
+
+    def __post_init__(self) -> None:
+        if self.num_generations < 2:
+            raise ValueError("num_generations must be at least 2 for a group baseline")
+        if self.loss_type not in ("grpo", "dr_grpo", "dapo", "bnpo"):
+            raise ValueError(f"unknown loss_type {self.loss_type!r}")
+        if self.scale_rewards not in ("group", "batch", "none"):
+            raise ValueError(f"unknown scale_rewards {self.scale_rewards!r}")
+        if self.advantage not in ("grpo", "rloo"):
+            raise ValueError(f"unknown advantage {self.advantage!r}")
+
+    @property
+    def clip_high(self) -> float:
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class RLOOConfig(GRPOConfig):
+    """`GRPOConfig` with RLOO's defaults: leave-one-out baseline, no std scaling."""
+
+    output_dir: str = "runs/rloo"
+    advantage: Literal["grpo", "rloo"] = "rloo"
+    scale_rewards: ScaleRewards = "none"
+
+
+@dataclass
+class SFTConfig:
+    """Settings of the supervised warm-up on environment demonstrations."""
+
+    learning_rate: float = 1e-4
+    """Peak learning rate of AdamW (linear decay to 0)."""
+    epochs: int = 1
+    """Passes over the demonstrations."""
+    micro_batch_size: int = 8
+    """Trajectories per optimizer step."""
+    max_grad_norm: float = 1.0
+    """Gradient-norm clip."""
+    logprob_chunk_size: int = 1024
+    """Tokens per chunk when computing logprobs."""
+    seed: int = 0
+    """Seeds the order of the demonstrations."""

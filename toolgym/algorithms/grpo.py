@@ -1,0 +1,481 @@
+"""`GRPOTrainer`: group-relative policy optimisation of an agent against an environment.
+
+One step: draw rows -> repeat each `num_generations` times -> reset one environment per
+rollout with a seed shared by the group -> agent rollouts -> rewards -> advantages -> one
+optimizer step over the sampled tokens -> push the weights to the engine. With several
+processes (`accelerate launch`), every process draws the same rows, plays its contiguous share
+of the rollouts, and the rewards are gathered so that each group's baseline covers all of its
+members wherever they ran.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+import statistics
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import gather_object, set_seed
+from transformers import get_scheduler
+
+import toolgym
+from toolgym.agents.engines.base import SamplingParams
+from toolgym.agents.engines.hf import HFEngine
+from toolgym.agents.rollout import Agent, AgentLimits
+from toolgym.agents.trajectory import Trajectory, save_jsonl
+from toolgym.algorithms.advantages import group_advantages
+from toolgym.algorithms.batch import collate
+from toolgym.algorithms.checkpoint import load_checkpoint, save_checkpoint
+from toolgym.algorithms.config import GRPOConfig, SFTConfig
+from toolgym.algorithms.losses import StepNormalizer, policy_loss, token_logprobs
+from toolgym.algorithms.rewards import RewardFunc, compute_rewards
+from toolgym.algorithms.sft import demonstrations, warmup_sft
+from toolgym.algorithms.tracking import MetricsLog, plot_rewards
+
+Row = dict[str, Any]
+
+
+class GRPOTrainer:
+    """Trains `model` to play `env` with GRPO.
+
+    Args:
+        model: A transformers causal LM or a name for `toolgym.models.load_model`
+            (e.g. "smollm2-135m").
+        env: A registered id, an environment class, or a factory returning an instance.
+        train_dataset: Rows (`prompt` plus `reset` arguments): a `datasets.Dataset` or a list.
+        reward_funcs: Extra reward functions (see `toolgym.algorithms.rewards`).
+        args: The configuration.
+        tokenizer: The model's tokenizer (loaded from `model` when it is a name).
+        eval_dataset: Rows for `evaluate()` and `eval_steps`.
+        env_kwargs: Constructor arguments for the environment when `env` is an id or class.
+        engine: A ready engine to use instead of the one `args.engine` names.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        env: str | type | Callable[[], Any],
+        train_dataset: Sequence[Row] | Any,
+        reward_funcs: Sequence[RewardFunc] | None = None,
+        args: GRPOConfig | None = None,
+        tokenizer: Any = None,
+        eval_dataset: Sequence[Row] | Any = None,
+        env_kwargs: dict[str, Any] | None = None,
+        engine: Any = None,
+    ) -> None:
+        self.args = args = args or GRPOConfig()
+        self.accelerator = Accelerator()
+        set_seed(args.seed + self.accelerator.process_index)
+        if isinstance(model, str):
+            from toolgym.models import load_model, load_tokenizer
+
+            tokenizer = tokenizer or load_tokenizer(model)
+            model = load_model(model)
+        if tokenizer is None:
+            raise ValueError("pass the model's tokenizer (tokenizer=...)")
+        self.tokenizer = tokenizer
+        self.make_env = _env_factory(env, env_kwargs or {})
+        self.train_rows = [dict(r) for r in train_dataset]
+        self.eval_rows = [dict(r) for r in eval_dataset] if eval_dataset is not None else []
+        if not self.train_rows:
+            raise ValueError("train_dataset is empty")
+        self.reward_funcs = list(reward_funcs or [])
+        if args.lora is not None:
+            model = _with_lora(model, args.lora)
+        if args.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        self.ref_model = _frozen_copy(model) if args.beta > 0 else None
+        optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=args.learning_rate,
+            betas=args.adam_betas,
+            weight_decay=args.weight_decay,
+        )
+        self.scheduler = get_scheduler(
+            args.lr_scheduler, optimizer, args.warmup_steps, args.max_steps
+        )
+        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.engine = engine or self._make_engine()
+        self.agent = Agent(
+            self.engine,
+            tokenizer,
+            parser=args.parser,
+            limits=AgentLimits(
+                max_turns=args.max_turns,
+                max_new_tokens=args.max_new_tokens,
+                max_episode_tokens=args.max_episode_tokens,
+                tool_timeout=args.tool_timeout,
+            ),
+            sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p),
+            batch_wait=args.batch_wait,
+        )
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        self.step = 0
+        self.output_dir = Path(args.output_dir)
+        self.log = MetricsLog(self.output_dir, args.report_to, args.to_dict())
+
+    # -- the loop ---------------------------------------------------------------------------
+    def train(self, resume_from_checkpoint: str | Path | None = None) -> list[dict[str, Any]]:
+        """Run `max_steps` steps (from a checkpoint's step when resuming); returns the logged
+        metrics of every step. Writes the reward plot and a final checkpoint."""
+        if resume_from_checkpoint is not None:
+            self.step = load_checkpoint(
+                resume_from_checkpoint, self._unwrapped, self.optimizer, self.scheduler
+            )
+            self.engine.update_weights(self._unwrapped)
+        bar = _progress(self.args, self.step, self.accelerator.is_main_process)
+        history = []
+        while self.step < self.args.max_steps:
+            metrics = self.training_step()
+            history.append(metrics)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(
+                    reward=f"{metrics['reward']:.3f}",
+                    success=f"{metrics['success_rate']:.0%}",
+                    step_s=f"{metrics['step_seconds']:.1f}",
+                )
+            if self.args.eval_steps and self.eval_rows and self.step % self.args.eval_steps == 0:
+                self._log({f"eval/{k}": v for k, v in self.evaluate().items()})
+            if self.args.save_steps and self.step % self.args.save_steps == 0:
+                self.save(self.output_dir / f"checkpoint-{self.step}")
+        if bar is not None:
+            bar.close()
+        self.save(self.output_dir / f"checkpoint-{self.step}")
+        if self.accelerator.is_main_process:
+            plot_rewards(self.log.history(), self.output_dir / "rewards.png")
+        return history
+
+    def training_step(self) -> dict[str, Any]:
+        """One step: rollouts, rewards, advantages, update, weight sync; returns metrics."""
+        started = time.perf_counter()
+        rows, seeds = self._step_rows()
+        share = self._my_share(len(rows))
+        envs = [self.make_env() for _ in share]
+        mine = [rows[i] for i in share]
+        trajectories = self.agent.run(envs, mine, [seeds[i] for i in share])
+        rollout_seconds = time.perf_counter() - started
+        rewards, sources = compute_rewards(
+            trajectories,
+            mine,
+            envs,
+            self.reward_funcs,
+            self.args.reward_weights,
+            self.args.env_reward,
+        )
+        for env in envs:
+            env.close()
+        for trajectory, reward in zip(trajectories, rewards, strict=True):
+            trajectory.reward = reward
+        everyone = self._gather([(t.reward, self._valid(t)) for t in trajectories])
+        advantages, used = group_advantages(
+            [r for r, _ in everyone],
+            [v for _, v in everyone],
+            self.args.num_generations,
+            baseline=self.args.advantage,
+            scale=self.args.scale_rewards,
+        )
+        update_started = time.perf_counter()
+        loss_stats = self._update(trajectories, advantages[share], used[share], int(used.sum()))
+        self.engine.update_weights(self._unwrapped)
+        self.step += 1
+        metrics = self._step_metrics(everyone, trajectories, sources, used)
+        metrics.update(loss_stats)
+        metrics.update(
+            rollout_seconds=rollout_seconds,
+            update_seconds=time.perf_counter() - update_started,
+            step_seconds=time.perf_counter() - started,
+            learning_rate=self.scheduler.get_last_lr()[0],
+        )
+        if self.step % self.args.logging_steps == 0:
+            self._log(metrics)
+        if self.args.save_samples and self.accelerator.is_main_process:
+            for trajectory in trajectories:
+                trajectory.metrics["step"] = self.step
+            save_jsonl(trajectories, self._path("samples.jsonl"), append=True)
+        return metrics
+
+    # -- pieces -----------------------------------------------------------------------------
+    def _step_rows(self) -> tuple[list[Row], list[int]]:
+        """This step's rows, each repeated `num_generations` times, and one seed per group."""
+        count = self.args.prompts_per_step
+        rows, seeds = [], []
+        for slot in range(count):
+            index = self.step * count + slot
+            epoch, position = divmod(index, len(self.train_rows))
+            order = list(range(len(self.train_rows)))
+            random.Random(self.args.seed * 7919 + epoch).shuffle(order)
+            seed = (self.args.seed * 1_000_003 + index) % 2**31
+            for _ in range(self.args.num_generations):
+                rows.append(dict(self.train_rows[order[position]]))
+                seeds.append(seed)
+        return rows, seeds
+
+    def _my_share(self, total: int) -> list[int]:
+        processes, me = self.accelerator.num_processes, self.accelerator.process_index
+        if total % processes:
+            raise ValueError(f"{total} rollouts per step do not split over {processes} processes")
+        size = total // processes
+        return list(range(me * size, (me + 1) * size))
+
+    def _gather(self, items: list[Any]) -> list[Any]:
+        return gather_object(items) if self.accelerator.num_processes > 1 else items
+
+    def _valid(self, trajectory: Trajectory) -> bool:
+        if trajectory.failed or not trajectory.completion_ids:
+            return False
+        return not (self.args.mask_truncated and trajectory.status in ("length", "max_turns"))
+
+    def _update(
+        self,
+        trajectories: list[Trajectory],
+        advantages: torch.Tensor,
+        used: torch.Tensor,
+        used_everywhere: int,
+    ) -> dict[str, float]:
+        """One optimizer step over this process's trajectories, in micro-batches."""
+        args, device = self.args, self.accelerator.device
+        size = args.micro_batch_size
+        batches = [
+            collate(
+                trajectories[i : i + size],
+                self.pad_id,
+                advantages[i : i + size],
+                used[i : i + size],
+            ).to(device)
+            for i in range(0, len(trajectories), size)
+        ]
+        tokens = sum(float(b.loss_mask[:, 1:].sum()) for b in batches)
+        tokens = (
+            float(sum(self._gather([tokens]))) if self.accelerator.num_processes > 1 else tokens
+        )
+        normalizer = StepNormalizer(
+            sequences=used_everywhere,
+            tokens=tokens,
+            micro_batches=len(batches) * self.accelerator.num_processes,
+            max_tokens=args.max_episode_tokens,
+        )
+        self.model.train()
+        totals: Counter[str] = Counter()
+        for batch in batches:
+            stats = self._micro_step(batch, normalizer)
+            totals.update(stats)
+        if args.max_grad_norm:
+            grad_norm = self.accelerator.clip_grad_norm_(
+                self.model.parameters(), args.max_grad_norm
+            )
+            totals["grad_norm"] = float(grad_norm) * len(batches)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.eval()
+        return {k: v / len(batches) for k, v in totals.items()}
+
+    def _micro_step(self, batch: Any, normalizer: StepNormalizer) -> dict[str, float]:
+        args = self.args
+        mask, sampling_logprobs, _ = batch.targets()
+        logprobs = token_logprobs(
+            self.model,
+            batch.input_ids,
+            batch.attention_mask,
+            args.logprob_chunk_size,
+            args.temperature,
+        )
+        ref = None
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref = token_logprobs(
+                    self.ref_model,
+                    batch.input_ids,
+                    batch.attention_mask,
+                    args.logprob_chunk_size,
+                    args.temperature,
+                )
+        loss, stats = policy_loss(
+            logprobs,
+            logprobs.detach(),
+            batch.advantages,
+            mask,
+            normalizer,
+            loss_type=args.loss_type,
+            clip_low=args.epsilon,
+            clip_high=args.clip_high,
+            beta=args.beta,
+            ref_logprobs=ref,
+            sampling_logprobs=sampling_logprobs,
+            importance_cap=args.importance_sampling_cap if args.importance_sampling else None,
+        )
+        self.accelerator.backward(loss)
+        stats["loss"] = loss.item()
+        return stats
+
+    def _step_metrics(
+        self,
+        everyone: list[tuple[float, bool]],
+        trajectories: list[Trajectory],
+        sources: dict[str, list[float]],
+        used: torch.Tensor,
+    ) -> dict[str, Any]:
+        rewards = [r for r, _ in everyone]
+        local = self._gather(
+            [
+                (t.status, t.metrics["turns"], t.metrics["tool_calls"], t.metrics["tool_failures"])
+                for t in trajectories
+            ]
+        )
+        metrics: dict[str, Any] = {
+            "reward": statistics.fmean(rewards),
+            "reward_std": statistics.pstdev(rewards),
+            "success_rate": statistics.fmean(r >= self.args.success_threshold for r in rewards),
+            "excluded": sum(not v for _, v in everyone),
+            "groups_without_signal": _groups_without_signal(
+                rewards, used, self.args.num_generations
+            ),
+            "turns": statistics.fmean(x[1] for x in local),
+            "tool_calls": statistics.fmean(x[2] for x in local),
+            "tool_failures": statistics.fmean(x[3] for x in local),
+            "statuses": dict(Counter(x[0] for x in local)),
+        }
+        for name, values in sources.items():
+            finite = [v for v in values if not math.isnan(v)]
+            if finite and len(sources) > 1:
+                metrics[f"rewards/{name}"] = statistics.fmean(finite)
+        return metrics
+
+    # -- evaluation, warm-up, saving ----------------------------------------------------------
+    def evaluate(self, rows: Sequence[Row] | None = None, temperature: float = 0.0) -> dict:
+        """Play each row once (greedy by default); returns mean reward, success rate, turns,
+        tool calls, valid tool calls and status counts."""
+        rows = [dict(r) for r in (rows if rows is not None else self.eval_rows)]
+        if not rows:
+            raise ValueError("no evaluation rows (pass eval_dataset or rows)")
+        sampling = self.agent.sampling
+        self.agent.sampling = SamplingParams(temperature=temperature, top_p=1.0)
+        try:
+            envs = [self.make_env() for _ in rows]
+            trajectories = self.agent.run(envs, rows, list(range(len(rows))))
+        finally:
+            self.agent.sampling = sampling
+        return summarize(trajectories, self.args.success_threshold)
+
+    def warmup(self, rows: Sequence[Row], config: SFTConfig | None = None) -> list[float]:
+        """Supervised warm-up on the environment's demonstrations of `rows` (optional; for
+        models that cannot call tools yet); returns the loss of each step."""
+        demos = demonstrations(
+            self.make_env,
+            [dict(r) for r in rows],
+            self.tokenizer,
+            seeds=list(range(len(rows))),
+            parser=self.args.parser,
+        )
+        losses = warmup_sft(self._unwrapped, demos, self.pad_id, config)
+        self._unwrapped.eval()
+        if self.ref_model is not None:  # the KL anchors to the policy RL starts from
+            self.ref_model = _frozen_copy(self._unwrapped)
+        self.engine.update_weights(self._unwrapped)
+        return losses
+
+    def save(self, folder: str | Path) -> Path | None:
+        self.accelerator.wait_for_everyone()
+        if not self.accelerator.is_main_process:
+            return None
+        return save_checkpoint(
+            folder, self._unwrapped, self.tokenizer, self.optimizer, self.scheduler, self.step
+        )
+
+    @property
+    def _unwrapped(self) -> Any:
+        return self.accelerator.unwrap_model(self.model)
+
+    def _path(self, name: str) -> Path:
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        return self.output_dir / name
+
+    def _log(self, metrics: dict[str, Any]) -> None:
+        if self.accelerator.is_main_process:
+            self.log.log(self.step, metrics)
+
+    def _make_engine(self) -> Any:
+        args = self.args
+        if args.engine == "hf":
+            return HFEngine(self._unwrapped, self.tokenizer)
+        folder = self._path("engine-weights")
+        self._unwrapped.save_pretrained(folder)
+        self.tokenizer.save_pretrained(folder)
+        if args.engine == "vllm":
+            from toolgym.agents.engines.vllm import VLLMEngine
+
+            return VLLMEngine(str(folder))
+        if args.engine == "vllm-server":
+            from toolgym.agents.engines.server import VLLMServerEngine
+
+            return VLLMServerEngine(args.vllm_server_url, weights_dir=str(folder))
+        raise ValueError(f"unknown engine {args.engine!r}")
+
+
+def summarize(trajectories: Sequence[Trajectory], success_threshold: float = 1.0) -> dict:
+    """Evaluation figures of finished episodes."""
+    rewards = [t.reward for t in trajectories]
+    valid = [t.metrics["tool_calls"] - t.metrics["tool_failures"] for t in trajectories]
+    return {
+        "episodes": len(trajectories),
+        "reward": statistics.fmean(rewards),
+        "success_rate": statistics.fmean(r >= success_threshold for r in rewards),
+        "turns": statistics.fmean(t.metrics["turns"] for t in trajectories),
+        "tool_calls": statistics.fmean(t.metrics["tool_calls"] for t in trajectories),
+        "valid_tool_calls": statistics.fmean(valid),
+        "statuses": dict(Counter(t.status for t in trajectories)),
+    }
+
+
+def _groups_without_signal(rewards: list[float], used: torch.Tensor, size: int) -> int:
+    """Groups whose valid members all got the same reward (no gradient from them)."""
+    count = 0
+    for start in range(0, len(rewards), size):
+        members = zip(rewards[start : start + size], used[start : start + size], strict=True)
+        values = {r for r, u in members if u}
+        count += len(values) <= 1
+    return count
+
+
+def _env_factory(env: str | type | Callable[[], Any], kwargs: dict[str, Any]) -> Callable:
+    if isinstance(env, str):
+        toolgym.spec(env)  # fail early on an unknown id
+        return lambda: toolgym.make(env, **kwargs)
+    if isinstance(env, type):
+        return lambda: env(**kwargs)
+    if callable(env):
+        if kwargs:
+            raise ValueError("env_kwargs only apply when env is an id or a class")
+        return env
+    raise TypeError(f"env must be an id, a class or a factory, not {type(env).__name__}")
+
+
+def _frozen_copy(model: Any) -> Any:
+    reference = copy.deepcopy(model).eval()
+    for parameter in reference.parameters():
+        parameter.requires_grad_(False)
+    return reference
+
+
+def _with_lora(model: Any, lora: dict[str, Any]) -> Any:
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as error:
+        raise ImportError("LoRA needs peft: pip install 'toolgym[lora]'") from error
+    return get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora))
+
+
+def _progress(args: GRPOConfig, start: int, main: bool) -> Any:
+    if not (args.progress_bar and main):
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=args.max_steps, initial=start, desc="GRPO", unit="step")

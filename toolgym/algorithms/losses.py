@@ -1,0 +1,171 @@
+"""Token-level policy-gradient losses over padded batches.
+
+`token_logprobs` runs the model with its output head switched off and applies the head chunk
+by chunk under activation checkpointing, so full-vocabulary float32 logits exist for one
+chunk at a time, in the forward and the backward pass alike.
+
+`policy_loss` computes, per sampled token (mask 1),
+
+    ratio   = exp(logp - logp_old)                       (logp_old: the policy before the update)
+    pg      = -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A) * w
+    kl      = exp(ref - logp) - (ref - logp) - 1        (when beta > 0)
+    token   = pg + beta * kl
+
+where `w = min(exp(logp_old - logp_engine), cap)` corrects for the engine sampling from a
+slightly different distribution (truncated importance sampling), and aggregates the tokens
+as `loss_type` says (see `GRPOConfig.loss_type`). Masked tokens (prompt, tool results,
+padding) count nowhere: not in the loss, not in the KL, not in any token count.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+@dataclass
+class StepNormalizer:
+    """Counts over the whole optimizer step, so that the loss does not depend on how the step
+    is split into micro-batches (or processes)."""
+
+    sequences: int
+    """Trajectories that enter the loss."""
+    tokens: float
+    """Their sampled tokens."""
+    micro_batches: int
+    """Micro-batches in the step (for `bnpo`)."""
+    max_tokens: int
+    """The per-episode token budget (for `dr_grpo`)."""
+
+
+class _Identity(nn.Module):
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden
+
+
+@contextmanager
+def _hidden_states_out(model: Any):
+    """Temporarily replace the output head by the identity: the model returns hidden states."""
+    inner = model
+    while hasattr(inner, "module"):  # accelerate / DDP wrappers
+        inner = inner.module
+    head = inner.get_output_embeddings()
+    inner.set_output_embeddings(_Identity())
+    try:
+        yield head
+    finally:
+        inner.set_output_embeddings(head)
+
+
+def _chunk_logprobs(
+    head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    logits = head(hidden).float() / temperature
+    return logits.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def token_logprobs(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    chunk_size: int = 1024,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Logprob of each token 1..L-1 given the ones before it: shape (B, L-1).
+
+    Args:
+        model: A transformers causal LM (possibly wrapped by accelerate or peft).
+        input_ids, attention_mask: (B, L), right-padded.
+        chunk_size: Positions whose logits exist at once.
+        temperature: Logits are divided by it (the sampling temperature).
+    """
+    with _hidden_states_out(model) as head:
+        hidden = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    hidden = hidden[:, :-1]
+    targets = input_ids[:, 1:]
+    batch, length, width = hidden.shape
+    flat_hidden, flat_targets = hidden.reshape(-1, width), targets.reshape(-1)
+    pieces = []
+    for start in range(0, flat_targets.numel(), chunk_size):
+        h = flat_hidden[start : start + chunk_size]
+        t = flat_targets[start : start + chunk_size]
+        if torch.is_grad_enabled():
+            pieces.append(checkpoint(_chunk_logprobs, head, h, t, temperature, use_reentrant=False))
+        else:
+            pieces.append(_chunk_logprobs(head, h, t, temperature))
+    return torch.cat(pieces).view(batch, length)
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    normalizer: StepNormalizer,
+    *,
+    loss_type: str = "dapo",
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    beta: float = 0.0,
+    ref_logprobs: torch.Tensor | None = None,
+    sampling_logprobs: torch.Tensor | None = None,
+    importance_cap: float | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """This micro-batch's share of the step loss, and statistics for the logs.
+
+    Args:
+        logprobs: (B, T) the trainer's logprobs of the sampled tokens (with grad).
+        old_logprobs: (B, T) the same before the update (no grad).
+        advantages: (B,) one per trajectory.
+        mask: (B, T) 1.0 on sampled tokens that enter the loss.
+        normalizer: Counts over the whole step.
+        loss_type: "grpo", "dr_grpo", "dapo" or "bnpo".
+        clip_low, clip_high: Clip range of the ratio.
+        beta: KL coefficient (needs `ref_logprobs`).
+        ref_logprobs: (B, T) the reference model's logprobs.
+        sampling_logprobs: (B, T) the engine's logprobs, for importance sampling.
+        importance_cap: Cap of the importance weight (None: no correction).
+    """
+    ratio = torch.exp(logprobs - old_logprobs)
+    advantage = advantages.unsqueeze(1)
+    unclipped = ratio * advantage
+    clipped = torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * advantage
+    per_token = -torch.min(unclipped, clipped)
+    stats: dict[str, float] = {}
+    denominator = mask.sum().clamp(min=1)
+    if importance_cap is not None and sampling_logprobs is not None:
+        weight = torch.exp(old_logprobs - sampling_logprobs).clamp(max=importance_cap).detach()
+        per_token = per_token * weight
+        stats["is_weight"] = ((weight * mask).sum() / denominator).item()
+    if beta > 0:
+        if ref_logprobs is None:
+            raise ValueError("beta > 0 needs the reference model's logprobs")
+        delta = ref_logprobs - logprobs
+        kl = torch.exp(delta) - delta - 1
+        per_token = per_token + beta * kl
+        stats["kl"] = ((kl * mask).sum() / denominator).item()
+    masked = per_token * mask
+    if loss_type == "grpo":
+        per_sequence = masked.sum(1) / mask.sum(1).clamp(min=1)
+        loss = per_sequence.sum() / max(normalizer.sequences, 1)
+    elif loss_type == "bnpo":
+        loss = masked.sum() / denominator / max(normalizer.micro_batches, 1)
+    elif loss_type == "dapo":
+        loss = masked.sum() / max(normalizer.tokens, 1.0)
+    elif loss_type == "dr_grpo":
+        loss = masked.sum() / max(normalizer.sequences * normalizer.max_tokens, 1)
+    else:
+        raise ValueError(f"unknown loss_type {loss_type!r}")
+    was_clipped = ((unclipped - clipped).abs() > 0).float()
+    stats["clip_fraction"] = ((was_clipped * mask).sum() / denominator).item()
+    return loss, stats
+
+
+def masked_nll(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean negative log-likelihood of the masked tokens (the SFT loss)."""
+    return -(logprobs * mask).sum() / mask.sum().clamp(min=1)

@@ -118,6 +118,7 @@ class GRPOTrainer:
         )
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.step = 0
+        self._order: tuple[int, list[int]] = (-1, [])
         self.output_dir = Path(args.output_dir)
         self.log = MetricsLog(self.output_dir, args.report_to, args.to_dict())
 
@@ -210,13 +211,20 @@ class GRPOTrainer:
         for slot in range(count):
             index = self.step * count + slot
             epoch, position = divmod(index, len(self.train_rows))
-            order = list(range(len(self.train_rows)))
-            random.Random(self.args.seed * 7919 + epoch).shuffle(order)
+            order = self._epoch_order(epoch)
             seed = (self.args.seed * 1_000_003 + index) % 2**31
             for _ in range(self.args.num_generations):
                 rows.append(dict(self.train_rows[order[position]]))
                 seeds.append(seed)
         return rows, seeds
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        """The dataset's shuffled order in `epoch` (seeded, so a resumed run sees the same)."""
+        if self._order[0] != epoch:
+            order = list(range(len(self.train_rows)))
+            random.Random(self.args.seed * 7919 + epoch).shuffle(order)
+            self._order = (epoch, order)
+        return self._order[1]
 
     def _my_share(self, total: int) -> list[int]:
         processes, me = self.accelerator.num_processes, self.accelerator.process_index

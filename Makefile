@@ -3,9 +3,13 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup run test lint format
+.PHONY: setup sandboxes run test lint format
 setup:
 	VENV=$(VENV) ./scripts/setup.sh
+
+# bubblewrap, a Docker daemon and the sandbox image, where this machine allows (see the script)
+sandboxes: setup
+	VENV=$(VENV) ./scripts/sandbox_setup.sh
 
 run: setup
 	$(PY) examples/wordle.py $(ARGS)
@@ -14,7 +18,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: lint
+test: lint sandboxes
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 format: setup

@@ -55,7 +55,7 @@ def config_from(args: argparse.Namespace) -> GRPOConfig:
         max_episode_tokens=600,
         temperature=1.0,
         loss_type="dapo",
-        scale_rewards="none",
+        scale_rewards="group",
         beta=0.0,
         success_threshold=1.0,
         save_steps=0,
@@ -71,18 +71,30 @@ def report(label: str, figures: dict) -> None:
     )
 
 
+def evaluate(trainer: GRPOTrainer, label: str) -> dict[str, dict]:
+    """Held-out games played greedily and sampled at the training temperature (the policy GRPO
+    actually optimises; greedy decoding can hide or exaggerate what changed)."""
+    figures = {
+        "greedy": trainer.evaluate(temperature=0.0),
+        "sampled": trainer.evaluate(temperature=trainer.args.temperature),
+    }
+    for mode, numbers in figures.items():
+        report(f"{label} ({mode})", numbers)
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--engine", default="hf", choices=["hf", "vllm", "vllm-server"])
-    parser.add_argument("--steps", type=int, default=30, help="GRPO steps")
+    parser.add_argument("--steps", type=int, default=10, help="GRPO steps")
     parser.add_argument("--prompts-per-step", type=int, default=2)
-    parser.add_argument("--num-generations", type=int, default=6)
-    parser.add_argument("--learning-rate", type=float, default=5e-6)
-    parser.add_argument("--warmup-games", type=int, default=96, help="expert demonstrations")
-    parser.add_argument("--eval-games", type=int, default=32, help="held-out games per evaluation")
+    parser.add_argument("--num-generations", type=int, default=4)
+    parser.add_argument("--learning-rate", type=float, default=1e-5)
+    parser.add_argument("--warmup-games", type=int, default=32, help="expert demonstrations")
+    parser.add_argument("--eval-games", type=int, default=16, help="held-out games per evaluation")
     parser.add_argument("--shaping", type=float, default=0.5, help="Wordle partial credit")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-dir", default="runs/wordle")
@@ -111,11 +123,9 @@ def main() -> None:
         print(
             f"warm-up on {args.warmup_games} expert games: loss {losses[0]:.3f} -> {losses[-1]:.3f}"
         )
-    before = trainer.evaluate()
-    report("before GRPO", before)
+    before = evaluate(trainer, "before GRPO")
     trainer.train()
-    after = trainer.evaluate()
-    report("after GRPO ", after)
+    after = evaluate(trainer, "after GRPO ")
     out = Path(args.output_dir)
     (out / "evaluation.json").write_text(json.dumps({"before": before, "after": after}, indent=2))
     print(

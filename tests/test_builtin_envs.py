@@ -82,6 +82,19 @@ def test_shaping_gives_partial_credit_for_a_loss():
     assert env.get_reward() == pytest.approx(0.5 * best / 5)
 
 
+def test_shaping_credits_an_unfinished_game_for_its_guesses_so_far():
+    env = toolgym.make("Wordle-v0", shaping=0.5)
+    env.reset(answer="crane")
+    play(env, "pudgy")
+    assert env.get_reward() == 0.0  # no letter in common
+    play(env, "slate")
+    pattern = feedback("slate", "crane")
+    assert env.get_reward() == pytest.approx(
+        0.5 * (pattern.count("G") + pattern.count("Y") / 2) / 5
+    )
+    assert not env.done
+
+
 def test_word_lists_are_shipped_and_consistent():
     answers = answer_words()
     assert len(answers) > 2000

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from toolgym.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,6 +34,7 @@ def test_wordle_example_expert_wins_held_out_games():
     assert win_rate >= 90.0
 
 
+@pytest.mark.timeout(900)  # about 3 minutes alone on 2 cores; more when the CPU is shared
 def test_wordle_example_quick_training_run(tmp_path):
     """`python examples/wordle.py --quick`: warm-up, evaluations, GRPO steps, the plot."""
     done = subprocess.run(

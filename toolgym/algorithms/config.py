@@ -61,6 +61,10 @@ class GRPOConfig:
     """Base URL of the vLLM server when `engine="vllm-server"`."""
     parser: str = "auto"
     """Tool-call parser name (see `toolgym.agents.parsers`)."""
+    sandbox: str | None = None
+    """Where each rollout's environment lives: "local" (this process), "process", "docker" or
+    "auto" (the strongest available); None: the environment's registered default. For a
+    class, None means "local". For warm instances pass `env=SandboxPool(...).lease`."""
     max_turns: int = 10
     """Model turns per episode."""
     max_new_tokens: int = 128

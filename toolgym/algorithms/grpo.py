@@ -71,7 +71,9 @@ class GRPOTrainer:
         engine: Any = None,
     ) -> None:
         self.args = args = args or GRPOConfig()
-        self.accelerator = Accelerator()
+        # cpu=True on a machine without CUDA makes processes started by torchrun or
+        # `accelerate launch --multi_gpu` join one gloo group (otherwise each runs alone).
+        self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
         set_seed(args.seed + self.accelerator.process_index)
         if isinstance(model, str):
             from toolgym.models import load_model, load_tokenizer
@@ -81,7 +83,7 @@ class GRPOTrainer:
         if tokenizer is None:
             raise ValueError("pass the model's tokenizer (tokenizer=...)")
         self.tokenizer = tokenizer
-        self.make_env = _env_factory(env, env_kwargs or {})
+        self.make_env = _env_factory(env, env_kwargs or {}, args.sandbox)
         self.train_rows = [dict(r) for r in train_dataset]
         self.eval_rows = [dict(r) for r in eval_dataset] if eval_dataset is not None else []
         if not self.train_rows:
@@ -453,15 +455,21 @@ def _groups_without_signal(rewards: list[float], used: torch.Tensor, size: int) 
     return count
 
 
-def _env_factory(env: str | type | Callable[[], Any], kwargs: dict[str, Any]) -> Callable:
+def _env_factory(
+    env: str | type | Callable[[], Any], kwargs: dict[str, Any], sandbox: str | None
+) -> Callable:
     if isinstance(env, str):
         toolgym.spec(env)  # fail early on an unknown id
-        return lambda: toolgym.make(env, **kwargs)
+        return lambda: toolgym.make(env, sandbox=sandbox, **kwargs)
     if isinstance(env, type):
-        return lambda: env(**kwargs)
+        if sandbox in (None, "local"):
+            return lambda: env(**kwargs)
+        from toolgym.sandbox import sandboxed
+
+        return lambda: sandboxed(env, kwargs, sandbox)
     if callable(env):
-        if kwargs:
-            raise ValueError("env_kwargs only apply when env is an id or a class")
+        if kwargs or sandbox not in (None, "local"):
+            raise ValueError("env_kwargs and sandbox only apply when env is an id or a class")
         return env
     raise TypeError(f"env must be an id, a class or a factory, not {type(env).__name__}")
 

@@ -1,44 +1,44 @@
 """The environment protocol, the registry, the gymnasium view, and the built-in environments."""
 
-from toolgym.envs.adapter import PlainClassEnvironment, as_environment
-from toolgym.envs.core import (
-    Environment,
-    MalformedToolCall,
-    StepResult,
-    ToolCall,
-    ToolError,
-    ToolResult,
-)
-from toolgym.envs.gym import GymnasiumEnv, parse_action
-from toolgym.envs.registry import (
-    EnvSpec,
-    UnknownEnvironmentError,
-    list_envs,
-    load_entry_points,
-    make,
-    register,
-    spec,
-)
-from toolgym.envs.tools import Tool, ToolSchemaError
+from __future__ import annotations
 
-register(
-    "Wordle-v0",
-    "toolgym.envs.wordle:Wordle",
-    dataset="toolgym.envs.wordle:wordle_dataset",
-    description="Find a five-letter word in six guesses from colour feedback (guess tool).",
-)
-register(
-    "Arithmetic-v0",
-    "toolgym.envs.arithmetic:Arithmetic",
-    dataset="toolgym.envs.arithmetic:arithmetic_dataset",
-    description="Four-digit arithmetic with calculator tools, graded on the final answer.",
-)
-register(
-    "GuessNumber-v0",
-    "toolgym.envs.guess_number:GuessNumber",
-    dataset="toolgym.envs.guess_number:guess_number_dataset",
-    description="Find a number in 1..100 from higher/lower answers, in as few guesses as possible.",
-)
+import importlib
+from typing import Any
+
+# Names load on first use (PEP 562), so that `toolgym.envs.core` imports with the standard
+# library alone: a sandbox worker in a minimal image hosts environments without pydantic,
+# transformers, datasets or gymnasium.
+_LAZY = {
+    "PlainClassEnvironment": "adapter",
+    "as_environment": "adapter",
+    "Environment": "core",
+    "MalformedToolCall": "core",
+    "StepResult": "core",
+    "ToolCall": "core",
+    "ToolError": "core",
+    "ToolResult": "core",
+    "GymnasiumEnv": "gym",
+    "parse_action": "gym",
+    "EnvSpec": "registry",
+    "UnknownEnvironmentError": "registry",
+    "list_envs": "registry",
+    "load_entry_points": "registry",
+    "make": "registry",
+    "register": "registry",
+    "spec": "registry",
+    "Tool": "tools",
+    "ToolSchemaError": "tools",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'toolgym.envs' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"toolgym.envs.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "EnvSpec",

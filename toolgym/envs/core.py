@@ -13,6 +13,7 @@ import concurrent.futures
 import functools
 import inspect
 import json
+import os
 import random
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -35,6 +36,11 @@ FailureKind = Literal[
     "bad_result",
     "episode_over",
 ]
+
+
+# Set by toolgym.sandbox.worker: tool schemas (which need pydantic and transformers) are built
+# on the host only.
+_IN_SANDBOX_WORKER = os.environ.get("TOOLGYM_WORKER") == "1"
 
 
 class ToolError(Exception):
@@ -136,7 +142,8 @@ class Environment:
         super().__init_subclass__(**kwargs)
         if "reset" in cls.__dict__:
             cls.reset = _with_episode_start(cls.__dict__["reset"])  # type: ignore[method-assign]
-        cls._tools = collect_tools(cls, exclude=BASE_API)
+        if not _IN_SANDBOX_WORKER:  # the host validates calls; the worker only runs them
+            cls._tools = collect_tools(cls, exclude=BASE_API)
 
     # -- episode ---------------------------------------------------------------------------
     def reset(self, seed: int | None = None, **kwargs: Any) -> str | None:

@@ -53,6 +53,8 @@ class EnvSpec:
         dataset_builder: `f(n, seed, **kwargs)` returning a `datasets.Dataset` (or list of rows)
             with a `prompt` column (chat messages) and the `reset` keyword arguments.
         description: One line shown by `toolgym envs`.
+        sandbox: Where `make` puts an instance unless told otherwise: "local" (in this
+            process), "process", "docker", or "auto" (the strongest available).
     """
 
     id: str
@@ -60,6 +62,7 @@ class EnvSpec:
     kwargs: dict[str, Any] = field(default_factory=dict)
     dataset_builder: DatasetBuilder | str | None = None
     description: str | None = None
+    sandbox: str = "local"
 
     @property
     def namespace(self) -> str | None:
@@ -78,11 +81,22 @@ class EnvSpec:
         """The id under which gymnasium knows this environment."""
         return "toolgym/" + self.id.replace("/", ".")
 
-    def make(self, **overrides: Any) -> Environment:
-        """A fresh instance with the spec's defaults updated by `overrides`."""
+    def make(self, sandbox: Any = None, **overrides: Any) -> Environment:
+        """A fresh instance with the spec's defaults updated by `overrides`, placed in
+        `sandbox` (a backend name or object; default: the spec's `sandbox`)."""
         factory = _resolve(self.entry_point, what=f"entry point of {self.id}")
-        instance = factory(**{**self.kwargs, **overrides})
-        return as_environment(instance)
+        kwargs = {**self.kwargs, **overrides}
+        where = self.sandbox if sandbox is None else sandbox
+        if where == "local":
+            return as_environment(factory(**kwargs))
+        if not isinstance(factory, type):
+            raise TypeError(
+                f"{self.id}: sandbox={where!r} needs a class entry point (the worker imports it "
+                f"by module and name); {factory!r} is not a class"
+            )
+        from toolgym.sandbox import sandboxed
+
+        return sandboxed(factory, kwargs, where)
 
     def dataset(self, n: int, seed: int = 0, **kwargs: Any) -> datasets.Dataset:
         """`n` prompt rows (columns: `prompt` and the `reset` arguments), reproducible by seed."""
@@ -118,6 +132,7 @@ def register(
     *,
     dataset: DatasetBuilder | str | None = None,
     description: str | None = None,
+    sandbox: str = "local",
     **defaults: Any,
 ) -> EnvSpec:
     """Register an environment under `id`; `defaults` are its constructor arguments.
@@ -128,12 +143,13 @@ def register(
             with `reset` and public methods is accepted too), or `"module:attr"`.
         dataset: A prompt dataset builder `f(n, seed, **kwargs)`, or `"module:attr"`.
         description: One line shown by `toolgym envs`.
+        sandbox: Default placement of instances ("local", "process", "docker", "auto").
         **defaults: Constructor arguments used by `make(id)` unless overridden.
     """
     parse_env_id(id)
     if id in _registry:
         warnings.warn(f"Overriding environment {id!r} already in the registry.", stacklevel=2)
-    spec = EnvSpec(id, entry_point, dict(defaults), dataset, description)
+    spec = EnvSpec(id, entry_point, dict(defaults), dataset, description, sandbox)
     _registry[id] = spec
     _register_with_gymnasium(spec)
     return spec
@@ -150,10 +166,16 @@ def spec(id: str) -> EnvSpec:
     return found
 
 
-def make(id: str | EnvSpec, **overrides: Any) -> Environment:
-    """A new instance of a registered environment, with constructor `overrides`."""
+def make(id: str | EnvSpec, sandbox: Any = None, **overrides: Any) -> Environment:
+    """A new instance of a registered environment, with constructor `overrides`.
+
+    `sandbox` places it: "local" (this process), "process" (a limited subprocess), "docker"
+    (a container), "auto" (the strongest available), or a backend object; by default the
+    environment's registered choice. A sandboxed instance has the same tools and behaves the
+    same; it is a `toolgym.sandbox.RemoteEnvironment`.
+    """
     env_spec = id if isinstance(id, EnvSpec) else spec(id)
-    return env_spec.make(**overrides)
+    return env_spec.make(sandbox=sandbox, **overrides)
 
 
 def list_envs(namespace: str | None = None) -> list[str]:
@@ -223,3 +245,31 @@ def _register_with_gymnasium(spec: EnvSpec) -> None:
     gym_id = spec.gymnasium_id
     gymnasium.registry.pop(gym_id, None)  # re-registration replaces, like ours
     gymnasium.register(id=gym_id, entry_point=GymnasiumEnv.creator(spec.id))
+
+
+# The built-in environments.
+register(
+    "Wordle-v0",
+    "toolgym.envs.wordle:Wordle",
+    dataset="toolgym.envs.wordle:wordle_dataset",
+    description="Find a five-letter word in six guesses from colour feedback (guess tool).",
+)
+register(
+    "Arithmetic-v0",
+    "toolgym.envs.arithmetic:Arithmetic",
+    dataset="toolgym.envs.arithmetic:arithmetic_dataset",
+    description="Four-digit arithmetic with calculator tools, graded on the final answer.",
+)
+register(
+    "GuessNumber-v0",
+    "toolgym.envs.guess_number:GuessNumber",
+    dataset="toolgym.envs.guess_number:guess_number_dataset",
+    description="Find a number in 1..100 from higher/lower answers, in as few guesses as possible.",
+)
+register(
+    "PythonREPL-v0",
+    "toolgym.envs.python_repl:PythonREPL",
+    dataset="toolgym.envs.python_repl:python_repl_dataset",
+    description="A stateful Python session (run tool), sandboxed by default.",
+    sandbox="auto",
+)

@@ -13,14 +13,10 @@ import inspect
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, get_type_hints
+from typing import TYPE_CHECKING, Any, get_type_hints
 
-import pydantic
-from transformers.utils import get_json_schema
-from transformers.utils.chat_template_utils import (
-    DocstringParsingException,
-    TypeHintParsingException,
-)
+if TYPE_CHECKING:
+    import pydantic
 
 
 class ToolSchemaError(TypeError):
@@ -58,7 +54,7 @@ class Tool:
         """Check and coerce `arguments`; raise ToolArgumentError with a readable reason."""
         try:
             parsed = self.arguments_model.model_validate(arguments)
-        except pydantic.ValidationError as error:
+        except _pydantic().ValidationError as error:
             raise ToolArgumentError(_describe_validation_error(error)) from None
         return {name: getattr(parsed, name) for name in type(parsed).model_fields}
 
@@ -67,6 +63,12 @@ def make_tool(function: Callable[..., Any], owner: str = "") -> Tool:
     """Build a Tool from a method or function; `owner` names its class in error messages."""
     qualified = f"{owner}.{function.__name__}" if owner else function.__name__
     parameters = _tool_parameters(function, qualified)
+    from transformers.utils import get_json_schema
+    from transformers.utils.chat_template_utils import (
+        DocstringParsingException,
+        TypeHintParsingException,
+    )
+
     try:
         schema = get_json_schema(function)
     except (DocstringParsingException, TypeHintParsingException) as error:
@@ -159,6 +161,7 @@ def _tool_parameters(function: Callable[..., Any], qualified: str) -> list[inspe
 def _arguments_model(
     function: Callable[..., Any], params: list[inspect.Parameter], qualified: str
 ) -> type[pydantic.BaseModel]:
+    pydantic = _pydantic()
     hints = get_type_hints(function)
     fields: dict[str, Any] = {}
     for param in params:
@@ -171,6 +174,13 @@ def _arguments_model(
         return pydantic.create_model(f"{function.__name__}_arguments", __config__=config, **fields)
     except (pydantic.PydanticSchemaGenerationError, TypeError, NameError) as error:
         raise ToolSchemaError(f"{qualified}: cannot check its arguments: {error}") from None
+
+
+def _pydantic() -> Any:
+    # Imported on use: sandbox workers load this module without pydantic installed.
+    import pydantic
+
+    return pydantic
 
 
 def _describe_validation_error(error: pydantic.ValidationError) -> str:

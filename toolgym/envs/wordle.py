@@ -73,9 +73,10 @@ def describe(guess: str, pattern: str) -> str:
 class Wordle(Environment):
     """Wordle with a `guess(word)` tool.
 
-    Reward is 1 for a win and 0 otherwise. With `shaping > 0`, a lost game earns partial credit
-    `shaping * best` where `best` is the best guess's (greens + yellows / 2) / 5, so a model is
-    rewarded for getting close before it can win.
+    Reward is 1 for a win and 0 otherwise. With `shaping > 0`, a game not won (lost, or cut
+    short by a turn or token limit) earns partial credit `shaping * best`, where `best` is the
+    best valid guess's (greens + yellows / 2) / 5 so far, so a model is rewarded for valid,
+    informative guesses before it can win.
 
     Args:
         max_guesses: Valid guesses allowed per game.
@@ -121,8 +122,9 @@ class Wordle(Environment):
         if pattern == GREEN * WORD_LENGTH:
             self.done, self.reward = True, 1.0
             return f"{line}\nCorrect! You found {word.upper()} in {used} guesses."
+        self.reward = self._partial_credit()
         if used >= self.max_guesses:
-            self.done, self.reward = True, self._partial_credit()
+            self.done = True
             return f"{line}\nOut of guesses. The word was {self.answer.upper()}."
         return f"{line}\n{self.max_guesses - used} guesses left."
 

@@ -1,0 +1,253 @@
+"""Time and peak memory of one GRPO update step: toolgym's trainer against TRL's GRPOTrainer.
+
+Both arms get the same randomly initialised Qwen2-style model, the same batch (random token
+ids; completions interleave 48 model tokens with 16 observation tokens, which both trainers
+mask out), the same advantages, `loss_type="dapo"`, `beta=0`, and one AdamW step. The toolgym
+arm runs `GRPOTrainer._update` (chunked logprobs, `logprob_chunk_size` positions of logits at
+a time); the TRL arm runs `GRPOTrainer.compute_loss` of trl 1.16.0 (installed into
+`.bench/site`, see bench/trl_peer.py), its backward and the optimizer step. Each arm and
+length runs in a fresh process, so peak memory is that arm's alone: on CPU the growth of the
+process's peak resident set over the steps (`ru_maxrss` after them minus the resident set
+before the first, so Adam's state counts in both arms), on CUDA the growth of
+`torch.cuda.max_memory_allocated` likewise.
+
+    python bench/train_step.py                                   # CPU, small Qwen2 shape
+    python bench/train_step.py --preset qwen3-1.7b --dtype bfloat16 --completions 1024,4096
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+PRESETS = {
+    # A narrow model with Qwen's vocabulary: the logits dominate memory, as in real RL runs.
+    "small": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, heads=4, kv=2),
+    # Qwen3-1.7B's shape (randomly initialised; no download).
+    "qwen3-1.7b": dict(
+        hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, heads=16, kv=8
+    ),
+}
+VOCAB = 151_936
+MODEL_TOKENS, OBSERVATION_TOKENS = 48, 16
+
+
+def build_model(preset: str, dtype: torch.dtype, device: str):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    shape = PRESETS[preset]
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=shape["hidden_size"],
+        intermediate_size=shape["intermediate_size"],
+        num_hidden_layers=shape["num_hidden_layers"],
+        num_attention_heads=shape["heads"],
+        num_key_value_heads=shape["kv"],
+        max_position_embeddings=32_768,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(config).to(device=device, dtype=dtype)
+
+
+def synthetic_batch(batch: int, prompt: int, completion: int) -> dict[str, torch.Tensor]:
+    """Token ids, a completion mask with observation segments, and advantages."""
+    generator = torch.Generator().manual_seed(1)
+    period = MODEL_TOKENS + OBSERVATION_TOKENS
+    sampled = (torch.arange(completion) % period < MODEL_TOKENS).float()
+    return {
+        "prompt_ids": torch.randint(0, VOCAB, (batch, prompt), generator=generator),
+        "completion_ids": torch.randint(0, VOCAB, (batch, completion), generator=generator),
+        "sampled": sampled.expand(batch, completion).clone(),
+        "advantages": torch.randn(batch, generator=generator),
+    }
+
+
+def toolgym_step(model, data, args) -> callable:
+    from toolgym.agents.trajectory import Trajectory
+    from toolgym.algorithms import GRPOConfig, GRPOTrainer
+    from toolgym.testing import tiny_tokenizer
+
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="toolgym-bench-"),
+        micro_batch_size=len(data["advantages"]),
+        max_episode_tokens=data["prompt_ids"].shape[1] + data["completion_ids"].shape[1],
+        loss_type="dapo",
+        beta=0.0,
+        learning_rate=1e-6,
+        max_grad_norm=0.0,
+        logprob_chunk_size=args.chunk,
+        progress_bar=False,
+    )
+    rows = [{"answer": "crane"}]
+    trainer = GRPOTrainer(model, "Wordle-v0", rows, args=config, tokenizer=tiny_tokenizer())
+    trajectories = [
+        Trajectory(
+            prompt_ids=p.tolist(),
+            completion_ids=c.tolist(),
+            loss_mask=[int(m) for m in s.tolist()],
+            logprobs=[0.0] * len(c),
+        )
+        for p, c, s in zip(data["prompt_ids"], data["completion_ids"], data["sampled"], strict=True)
+    ]
+    used = torch.ones(len(trajectories), dtype=torch.bool)
+
+    def step() -> None:
+        trainer._update(trajectories, data["advantages"], used, len(trajectories))
+
+    return step
+
+
+def trl_step(model, data, args) -> callable:
+    from datasets import Dataset
+    from trl_peer import import_trl
+
+    from toolgym.testing import tiny_tokenizer
+
+    trl = import_trl()
+    batch, completion = data["completion_ids"].shape
+    config = trl.GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="toolgym-bench-trl-"),
+        use_cpu=args.device == "cpu",
+        bf16=False,  # the model's own dtype, as in the toolgym arm (no autocast)
+        per_device_train_batch_size=batch,
+        num_generations=batch,
+        max_completion_length=completion,
+        loss_type="dapo",
+        beta=0.0,
+        learning_rate=1e-6,
+        report_to=[],
+    )
+    trainer = trl.GRPOTrainer(
+        model=model,
+        reward_funcs=[lambda completions, **_: [0.0] * len(completions)],
+        args=config,
+        train_dataset=Dataset.from_list([{"prompt": "x"}] * batch),
+        processing_class=tiny_tokenizer(),
+    )
+    trainer.create_optimizer()
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop, which we bypass
+    device = trainer.accelerator.device
+    ones = torch.ones_like
+    inputs = {
+        "prompt_ids": data["prompt_ids"].to(device),
+        "prompt_mask": ones(data["prompt_ids"]).to(device),
+        "completion_ids": data["completion_ids"].to(device),
+        "completion_mask": ones(data["completion_ids"]).to(device),
+        "tool_mask": data["sampled"].long().to(device),
+        "advantages": data["advantages"].to(device),
+        "num_items_in_batch": data["sampled"].sum().to(device),
+    }
+
+    def step() -> None:
+        trainer.model.train()
+        loss = trainer.compute_loss(trainer.model, inputs)
+        trainer.accelerator.backward(loss)
+        trainer.optimizer.step()
+        trainer.optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def measure(args) -> dict:
+    """One arm at one length, in this process: median step seconds and peak memory."""
+    dtype = getattr(torch, args.dtype)
+    model = build_model(args.preset, dtype, args.device)
+    data = synthetic_batch(args.batch, args.prompt, args.completion)
+    step = (toolgym_step if args.arm == "toolgym" else trl_step)(model, data, args)
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        base = resident_bytes()
+    step()  # warm-up (allocator, optimizer state); its peak counts, as in any first step
+    times = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    if cuda:
+        peak = torch.cuda.max_memory_allocated() - base
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+    seconds = statistics.median(times)
+    tokens = args.batch * (args.prompt + args.completion)
+    return {"seconds": seconds, "tokens_per_s": tokens / seconds, "peak_mib": peak / 2**20}
+
+
+def resident_bytes() -> int:
+    """This process's resident set now (Linux)."""
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * resource.getpagesize()
+
+
+def run_arm(args, arm: str, completion: int) -> dict:
+    command = [sys.executable, __file__, "--arm", arm, "--completion", str(completion)]
+    for name in ("preset", "dtype", "device", "batch", "prompt", "repeats", "chunk"):
+        command += [f"--{name}", str(getattr(args, name))]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"error": done.stderr.strip().splitlines()[-1] if done.stderr else "failed"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="small", choices=sorted(PRESETS))
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--batch", type=int, default=4, help="sequences per step")
+    parser.add_argument("--prompt", type=int, default=256, help="prompt tokens per sequence")
+    parser.add_argument("--completions", default="256,1024,2048", help="completion lengths")
+    parser.add_argument("--repeats", type=int, default=3, help="timed steps (median)")
+    parser.add_argument("--chunk", type=int, default=1024, help="toolgym logprob_chunk_size")
+    parser.add_argument("--no-peer", action="store_true", help="toolgym only")
+    parser.add_argument("--arm", choices=["toolgym", "trl"], help=argparse.SUPPRESS)
+    parser.add_argument("--completion", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.arm:
+        torch.set_num_threads(torch.get_num_threads())
+        print(json.dumps(measure(args)))
+        return
+    arms = ["toolgym"] if args.no_peer else ["toolgym", "trl"]
+    print(
+        f"{args.preset} Qwen2 shape, vocab {VOCAB}, {args.dtype} on {args.device}, "
+        f"batch {args.batch} x (prompt {args.prompt} + completion), median of {args.repeats}"
+    )
+    for completion in (int(c) for c in args.completions.split(",")):
+        results = {arm: run_arm(args, arm, completion) for arm in arms}
+        line = [f"completion {completion:5d}:"]
+        for arm, r in results.items():
+            if "error" in r:
+                line.append(f"{arm} failed ({r['error']})")
+            else:
+                line.append(
+                    f"{arm} {r['seconds']:.2f} s, {r['tokens_per_s']:.0f} tok/s, "
+                    f"peak +{r['peak_mib']:.0f} MiB"
+                )
+        if all("error" not in r for r in results.values()) and len(results) == 2:
+            ours, peer = results["toolgym"], results["trl"]
+            line.append(
+                f"-> time x{peer['seconds'] / ours['seconds']:.2f} faster, "
+                f"memory {ours['peak_mib'] / max(peer['peak_mib'], 1):.2f} of TRL's"
+            )
+        print("  ".join(line), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Environments that misbehave on purpose, for the sandbox tests (imported by the workers)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+import toolgym
+
+
+class Misbehaving(toolgym.Environment):
+    """Each tool does one thing a sandbox must survive."""
+
+    def reset(self, fail: bool = False) -> str | None:
+        if fail:
+            raise RuntimeError("reset failed on purpose")
+        self.reward = 0.5
+        return "ready"
+
+    def echo(self, text: str) -> str:
+        """Answer with the text.
+
+        Args:
+            text: Anything.
+        """
+        return text
+
+    def loop_forever(self) -> str:
+        """Never return."""
+        while True:
+            pass
+
+    def allocate(self, gigabytes: int) -> str:
+        """Allocate memory.
+
+        Args:
+            gigabytes: How much.
+        """
+        return str(len(bytearray(gigabytes * 2**30)))
+
+    def fork_bomb(self) -> str:
+        """Fork until the sandbox says no."""
+        children = []
+        try:
+            for _ in range(100_000):
+                pid = os.fork()
+                if pid == 0:
+                    time.sleep(60)
+                    os._exit(0)
+                children.append(pid)
+        except OSError as error:
+            return f"stopped after {len(children)} processes: {error}"
+        finally:
+            for pid in children:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+        return f"forked {len(children)} processes"
+
+    def exit_now(self) -> str:
+        """End the worker process."""
+        os._exit(1)
+
+    def write_file(self, path: str) -> str:
+        """Write a file.
+
+        Args:
+            path: Where.
+        """
+        Path(path).write_text("written by a sandboxed tool")
+        return "written"
+
+    def connect(self, host: str, port: int) -> str:
+        """Open a TCP connection.
+
+        Args:
+            host: Address.
+            port: Port.
+        """
+        socket.create_connection((host, port), timeout=3).close()
+        return "connected"
+
+    def shout(self, megabytes: int) -> str:
+        """Print a lot to stdout.
+
+        Args:
+            megabytes: How much.
+        """
+        print("x" * (megabytes << 20))
+        return "still here"
+
+    def unserialisable(self) -> str:
+        """Return something that is not JSON."""
+        return object()  # type: ignore[return-value]

@@ -1,0 +1,76 @@
+"""One GRPO step on two CPU processes; run by tests/test_distributed.py through
+`accelerate launch --num_processes 2 --cpu`. Each process writes what it saw to
+`<output>/rank<N>.json`: its rollouts' rewards, the advantages its update used, the step's
+logged reward, and a checksum of the weights after the step."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+import toolgym
+from toolgym.algorithms import GRPOConfig, GRPOTrainer
+from toolgym.testing import tiny_model, tiny_tokenizer
+
+
+def completion_reward(prompts, completions, trajectories, **_):
+    """Differs from rollout to rollout (it hashes the sampled tokens)."""
+    return [(sum(t.completion_ids) % 101) / 100 for t in trajectories]
+
+
+class RecordingTrainer(GRPOTrainer):
+    """Keeps the advantages each process hands to its update."""
+
+    def _update(self, trajectories, advantages, used, used_everywhere):
+        self.seen = {
+            "rewards": [t.reward for t in trajectories],
+            "advantages": advantages.tolist(),
+            "used_everywhere": used_everywhere,
+        }
+        return super()._update(trajectories, advantages, used, used_everywhere)
+
+
+def main(output: Path) -> None:
+    tokenizer = tiny_tokenizer()
+    args = GRPOConfig(
+        output_dir=str(output),
+        max_steps=1,
+        prompts_per_step=1,
+        num_generations=4,
+        micro_batch_size=2,
+        max_turns=2,
+        max_new_tokens=12,
+        max_episode_tokens=400,
+        parser="hermes",
+        env_reward=False,
+        learning_rate=1e-2,
+        progress_bar=False,
+        save_steps=0,
+    )
+    rows = list(toolgym.spec("Wordle-v0").dataset(4, seed=0))
+    trainer = RecordingTrainer(
+        tiny_model(tokenizer, seed=3),
+        "Wordle-v0",
+        rows,
+        reward_funcs=[completion_reward],
+        args=args,
+        tokenizer=tokenizer,
+    )
+    (metrics,) = trainer.train()
+    rank = trainer.accelerator.process_index
+    weights = sum(float(p.detach().double().sum()) for p in trainer._unwrapped.parameters())
+    record = {
+        **trainer.seen,
+        "processes": trainer.accelerator.num_processes,
+        "step_reward": metrics["reward"],
+        "weights": weights,
+    }
+    (output / f"rank{rank}.json").write_text(json.dumps(record))
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    main(Path(sys.argv[1]))

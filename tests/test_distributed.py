@@ -1,0 +1,48 @@
+"""Two CPU processes under `accelerate launch`: one GRPO group split across them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from toolgym.algorithms.advantages import group_advantages
+
+SCRIPT = Path(__file__).parent / "scripts" / "two_process_grpo.py"
+
+
+def launch(output: Path) -> list[dict]:
+    accelerate = Path(sys.executable).with_name("accelerate")
+    command = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2"]
+    command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [*command, str(SCRIPT), str(output)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [json.loads((output / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU (gloo) path")
+def test_rewards_are_gathered_and_the_group_baseline_spans_both_processes(tmp_path):
+    first, second = launch(tmp_path)
+    assert first["processes"] == second["processes"] == 2
+    # One prompt x 4 generations: rollouts 0-1 ran in process 0, rollouts 2-3 in process 1.
+    rewards = first["rewards"] + second["rewards"]
+    assert len(rewards) == 4 and len(set(rewards)) > 1
+    whole, _ = group_advantages(rewards, [True] * 4, 4, baseline="grpo", scale="group")
+    assert first["advantages"] == pytest.approx(whole[:2].tolist(), abs=1e-6)
+    assert second["advantages"] == pytest.approx(whole[2:].tolist(), abs=1e-6)
+    # A baseline over each process's own half would differ (the test can fail).
+    halves, _ = group_advantages(first["rewards"], [True] * 2, 2, baseline="grpo", scale="group")
+    assert halves.tolist() != pytest.approx(first["advantages"], abs=1e-3)
+    # Both processes log the mean over all four rollouts and hold the same weights after the
+    # update (DDP averaged the gradients).
+    assert first["step_reward"] == second["step_reward"] == pytest.approx(sum(rewards) / 4)
+    assert first["used_everywhere"] == second["used_everywhere"] == 4
+    assert first["weights"] == pytest.approx(second["weights"], rel=1e-9)

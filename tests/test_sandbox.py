@@ -1,0 +1,292 @@
+"""Sandboxes: the same environment surface in a subprocess and in a container, and every
+misbehaviour ending in a named status while the run goes on and nothing is left behind.
+
+The process tests that need bubblewrap, and the docker tests, skip with the reason when the
+machine lacks it, unless TOOLGYM_REQUIRE_SANDBOXES=1 (CI sets it): then they run and fail.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from helpers import ids
+from sandbox_envs import Misbehaving
+
+import toolgym
+from toolgym.agents import Agent, AgentLimits, ScriptedEngine
+from toolgym.sandbox import SandboxPool, sandboxed
+from toolgym.sandbox.process import ProcessBackend, ProcessLimits
+from toolgym.sandbox.remote import RemoteError, SandboxError
+from toolgym.testing import tiny_tokenizer
+
+REQUIRED = os.environ.get("TOOLGYM_REQUIRE_SANDBOXES") == "1"
+
+
+def _docker_ready() -> bool:
+    from toolgym.sandbox.docker import docker_ready
+
+    return docker_ready()
+
+
+needs_bwrap = pytest.mark.skipif(
+    not REQUIRED and shutil.which("bwrap") is None,
+    reason="bubblewrap is not installed (apt-get install bubblewrap; scripts/sandbox_setup.sh)",
+)
+needs_docker = pytest.mark.skipif(
+    not REQUIRED and not _docker_ready(),
+    reason="no Docker daemon or no sandbox image (scripts/sandbox_setup.sh as root)",
+)
+BACKENDS = [
+    pytest.param("process", id="process"),
+    pytest.param("docker", id="docker", marks=[needs_docker, pytest.mark.docker]),
+]
+
+
+def call(env, name: str, **arguments):
+    return env.step(toolgym.ToolCall(name, arguments))
+
+
+@pytest.fixture(params=BACKENDS)
+def misbehaving(request):
+    backend = (
+        ProcessBackend(limits=ProcessLimits(memory_bytes=1 << 30))
+        if request.param == "process"
+        else request.param
+    )
+    env = sandboxed(Misbehaving, {}, backend, call_timeout=3.0)
+    env.reset(seed=0)
+    yield env
+    env.close()
+
+
+@pytest.mark.parametrize("where", BACKENDS)
+def test_a_sandboxed_environment_behaves_like_the_local_one(where):
+    local = toolgym.make("PythonREPL-v0", sandbox="local")
+    remote = toolgym.make("PythonREPL-v0", sandbox=where)
+    try:
+        assert remote.tools == local.tools
+        assert remote.reset(seed=0, task="add") == local.reset(seed=0, task="add") == "add"
+        for env in (local, remote):
+            call(env, "run", code="x = 20")
+        answers = [call(env, "run", code="print('hi'); x + 22").messages for env in (local, remote)]
+        assert answers[0] == answers[1]
+        assert "hi" in answers[1][0]["content"] and "value: 42" in answers[1][0]["content"]
+        bad = call(remote, "run", cod="1")  # checked on the host, like locally
+        assert bad.results[0].failure == "invalid_arguments"
+        remote.final_answer("nope")
+        assert remote.reward == 0.0 and not remote.done  # no answer was set: no grading
+        assert remote.isolation.network is False
+    finally:
+        remote.close()
+
+
+@pytest.mark.parametrize("where", BACKENDS)
+def test_misbehaving_tools_end_in_named_statuses_and_the_next_episode_runs(where):
+    """Through the agent: an endless loop is `tool_timeout`, a dying worker `env_error`, a
+    raising reset `env_error`; each sandbox is replaced and a normal episode follows."""
+    tokenizer = tiny_tokenizer()
+
+    def reply(name: str) -> str:
+        return f'<tool_call>\n{{"name": "{name}", "arguments": {{}}}}\n</tool_call><|im_end|>'
+
+    env = sandboxed(Misbehaving, {}, where, call_timeout=2.0)
+    statuses = []
+    try:
+        for tool, row in (("loop_forever", {}), ("exit_now", {}), ("echo", {"fail": True})):
+            engine = ScriptedEngine([ids(tokenizer, reply(tool))])
+            agent = Agent(engine, tokenizer, parser="hermes", limits=AgentLimits(max_turns=1))
+            prompt = {"prompt": [{"role": "user", "content": "go"}], **row}
+            (trajectory,) = agent.run([env], [prompt])
+            statuses.append((trajectory.status, trajectory.error))
+        assert [s for s, _ in statuses] == ["tool_timeout", "env_error", "env_error"]
+        assert "exit code 1" in statuses[1][1]
+        assert "reset failed on purpose" in statuses[2][1]
+        assert (
+            env.reset(seed=1) == "ready"
+            and call(env, "echo", text="ok").messages[0]["content"] == "ok"
+        )
+        assert env.restarts >= 2  # the looping worker and the dead one were replaced
+    finally:
+        env.close()
+
+
+def test_a_huge_allocation_fails_inside_the_sandbox(misbehaving):
+    try:
+        step = call(misbehaving, "allocate", gigabytes=10)
+    except SandboxError as error:  # docker: the kernel's OOM killer takes the container
+        assert "killed" in str(error)
+    else:  # process: RLIMIT_AS turns it into a MemoryError the model reads
+        assert step.results[0].failure == "tool_exception"
+        assert "MemoryError" in step.messages[0]["content"]
+    misbehaving.reset(seed=1)
+    assert call(misbehaving, "echo", text="alive").messages[0]["content"] == "alive"
+
+
+def test_a_fork_bomb_is_stopped(misbehaving):
+    started = time.perf_counter()
+    content = call(misbehaving, "fork_bomb").messages[0]["content"]
+    assert content.startswith("stopped after"), content
+    assert int(content.split()[2]) <= 64
+    assert time.perf_counter() - started < 10
+
+
+@needs_bwrap
+@pytest.mark.parametrize("where", BACKENDS)
+def test_no_writes_outside_its_tmp_and_no_network(where):
+    env = sandboxed(Misbehaving, {}, where, call_timeout=10.0)
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    threading.Thread(target=lambda: server.accept(), daemon=True).start()
+    try:
+        env.reset(seed=0)
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()  # the host can
+        outside = Path(__file__).parent / f"escaped-{os.getpid()}.txt"  # not under /tmp
+        written = call(env, "write_file", path=str(outside))
+        assert written.results[0].failure == "tool_exception" and not outside.exists()
+        content = written.messages[0]["content"]  # process: read-only; docker: not mounted
+        assert "Read-only file system" in content or "No such file" in content
+        assert call(env, "write_file", path="/tmp/inside.txt").messages[0]["content"] == "written"
+        for host in ("127.0.0.1", "192.0.2.1"):
+            result = call(env, "connect", host=host, port=port if host == "127.0.0.1" else 80)
+            assert result.results[0].failure == "tool_exception", result.messages
+            assert (
+                "refused" in result.messages[0]["content"]
+                or "unreachable" in (result.messages[0]["content"])
+            )
+        assert env.isolation.network is False
+    finally:
+        server.close()
+        env.close()
+
+
+def test_megabytes_of_output_and_unserialisable_results(misbehaving):
+    assert call(misbehaving, "shout", megabytes=8).messages[0]["content"] == "still here"
+    bad = call(misbehaving, "unserialisable")
+    assert bad.results[0].failure == "bad_result" and "not JSON" in bad.messages[0]["content"]
+    repl = toolgym.make("PythonREPL-v0", sandbox=misbehaving.backend)
+    try:
+        repl.reset(seed=0)
+        content = call(repl, "run", code="print('y' * 5_000_000)").messages[0]["content"]
+        assert len(content) < 5000 and "more characters cut" in content
+    finally:
+        repl.close()
+
+
+def test_a_raising_reset_is_a_remote_error_with_the_cause(misbehaving):
+    with pytest.raises(RemoteError, match="reset failed on purpose"):
+        misbehaving.reset(seed=0, fail=True)
+    assert misbehaving.reset(seed=0) == "ready"
+
+
+def test_process_isolation_says_what_it_got():
+    env = sandboxed(Misbehaving, {}, "process")
+    try:
+        isolation = env.isolation
+        assert isolation.limits["memory_bytes"] == ProcessLimits().memory_bytes
+        assert isolation.limits.get("processes") == 0  # seccomp: no new processes
+        if shutil.which("bwrap"):
+            assert (isolation.network, isolation.filesystem) == (False, "read-only")
+        else:
+            assert any("bubblewrap" in note for note in isolation.notes)
+    finally:
+        env.close()
+
+
+def test_pool_leases_reuses_and_replaces():
+    with SandboxPool(Misbehaving, backend="process", size=2, max_lease_seconds=2.0) as pool:
+        pool.wait_ready(timeout=60)
+        first = pool.lease()
+        first.reset(seed=0)
+        first.close()
+        again = pool.lease()
+        assert again is first  # reused through reset
+        again.reset(seed=1)
+        with pytest.raises(SandboxError):  # the lease outlives its maximum: worker killed
+            time.sleep(3.0)
+            call(again, "echo", text="late")
+        again.close()
+        assert pool.stats["expired"] == 1
+        pool.wait_ready(timeout=60)
+        fresh = pool.lease()
+        assert fresh is not first and fresh.reset(seed=2) == "ready"
+        fresh.close()
+
+
+@needs_docker
+@pytest.mark.docker
+def test_killing_the_parent_leaves_no_container_after_the_next_start(tmp_path):
+    import docker
+
+    from toolgym.sandbox.docker import LABEL, OWNER_LABEL, reap_orphans
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import time
+            from toolgym.envs.python_repl import PythonREPL
+            from toolgym.sandbox import SandboxPool
+            pool = SandboxPool(PythonREPL, backend="docker", size=8)
+            pool.wait_ready(timeout=120)
+            print("ready", flush=True)
+            time.sleep(600)
+            """
+        )
+    )
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout.readline().strip() == "ready"
+        client = docker.from_env()
+        owned = client.containers.list(filters={"label": f"{OWNER_LABEL}"})
+        mine = [c for c in owned if c.labels[OWNER_LABEL].endswith(f":{parent.pid}")]
+        assert len(mine) == 8
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    reap_orphans(force=True)  # what the next DockerBackend.start() does first
+    left = [
+        c
+        for c in client.containers.list(all=True, filters={"label": LABEL})
+        if c.labels.get(OWNER_LABEL, "").endswith(f":{parent.pid}")
+    ]
+    assert left == []
+
+
+def test_the_trainer_plays_its_rollouts_in_sandboxes(tmp_path):
+    from toolgym.algorithms import GRPOConfig, GRPOTrainer
+    from toolgym.sandbox.remote import RemoteEnvironment
+    from toolgym.testing import tiny_model
+
+    tokenizer = tiny_tokenizer()
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        max_steps=1,
+        prompts_per_step=1,
+        num_generations=2,
+        micro_batch_size=2,
+        max_turns=2,
+        max_new_tokens=16,
+        max_episode_tokens=300,
+        parser="hermes",
+        progress_bar=False,
+        save_steps=0,
+        sandbox="process",
+    )
+    rows = list(toolgym.spec("Wordle-v0").dataset(2, seed=0))
+    trainer = GRPOTrainer(tiny_model(tokenizer), "Wordle-v0", rows, args=args, tokenizer=tokenizer)
+    created, make = [], trainer.make_env
+    trainer.make_env = lambda: created.append(make()) or created[-1]
+    (metrics,) = trainer.train()
+    assert len(created) == 2 and all(isinstance(e, RemoteEnvironment) for e in created)
+    assert "env_error" not in metrics["statuses"]
+    assert not any(e.alive for e in created)  # closed after the step

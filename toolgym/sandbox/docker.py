@@ -1,0 +1,352 @@
+"""The `docker` backend: one long-lived container per instance, through the docker SDK.
+
+Each container runs the worker (`python3 -m toolgym.sandbox.worker`) and requests travel over
+its attached stdin/stdout (no `exec` per call). Containers start with no network, a read-only
+root, a private /tmp (tmpfs), memory / pids / CPU limits, all capabilities dropped,
+no-new-privileges, and user nobody (65534). The toolgym source (and the folder of an
+environment defined outside it) is bind-mounted read-only; the image holds only Debian's
+python3, so it never needs rebuilding when the code changes.
+
+The image is built offline (no registry): `debootstrap` of Debian bookworm with python3 from
+Debian's archive, `docker import`, then a `docker build` layer on top (`build_image()`, about
+a minute; the result is reused). Every container carries the label `toolgym.sandbox` and its
+owner (host boot id and PID); the first backend started in a process removes containers whose
+owner is dead, and an exit handler removes this process's own.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import io
+import os
+import select
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from toolgym.sandbox.remote import Channel, Isolation, SandboxError
+
+IMAGE = "toolgym-sandbox:1"
+BASE_IMAGE = "toolgym-sandbox-base:bookworm"
+LABEL = "toolgym.sandbox"
+OWNER_LABEL = "toolgym.sandbox.owner"
+SOURCE_MOUNT = "/opt/toolgym"
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+_DOCKERFILE = f"""FROM {BASE_IMAGE}
+RUN mkdir -p {SOURCE_MOUNT} /opt/code
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 TOOLGYM_WORKER=1
+USER 65534:65534
+WORKDIR /tmp
+"""
+
+
+def client(timeout: int = 60) -> Any:
+    """A docker SDK client from the environment (DOCKER_HOST or the local socket)."""
+    try:
+        import docker
+    except ImportError as error:
+        raise SandboxError(
+            "the docker backend needs the docker SDK: pip install 'toolgym[docker]'"
+        ) from error
+    try:
+        return docker.from_env(timeout=timeout)
+    except docker.errors.DockerException as error:
+        raise SandboxError(f"no Docker daemon answers: {error}") from error
+
+
+def docker_ready(image: str = IMAGE) -> bool:
+    """True when a daemon answers and `image` is built."""
+    try:
+        docker_client = client(timeout=5)
+        docker_client.ping()
+        docker_client.images.get(image)
+        return True
+    except Exception:
+        return False
+
+
+def build_image(rebuild: bool = False, mirror: str = DEBIAN_MIRROR, log=print) -> str:
+    """Build the sandbox image offline if it is missing (or `rebuild`); returns its tag.
+
+    Needs root, `debootstrap` (apt-get install debootstrap) and Debian's archive.
+    """
+    docker_client = client(timeout=600)
+    if not rebuild and _has_image(docker_client, IMAGE):
+        return IMAGE
+    if rebuild or not _has_image(docker_client, BASE_IMAGE):
+        _import_base(docker_client, mirror, log)
+    log(f"building {IMAGE} on {BASE_IMAGE}")
+    docker_client.images.build(fileobj=io.BytesIO(_DOCKERFILE.encode()), tag=IMAGE, rm=True)
+    return IMAGE
+
+
+def _import_base(docker_client: Any, mirror: str, log) -> None:
+    debootstrap = shutil.which("debootstrap")
+    if debootstrap is None:
+        raise SandboxError(
+            "building the sandbox image needs debootstrap (apt-get install debootstrap)"
+        )
+    with tempfile.TemporaryDirectory(prefix="toolgym-rootfs-") as folder:
+        rootfs, tarball = Path(folder) / "rootfs", Path(folder) / "rootfs.tar"
+        log(f"debootstrap bookworm (python3) from {mirror} ...")
+        subprocess.run(
+            [
+                debootstrap,
+                "--variant=minbase",
+                "--include=python3",
+                "bookworm",
+                str(rootfs),
+                mirror,
+            ],
+            check=True,
+            capture_output=True,
+        )
+        subprocess.run(["tar", "-C", str(rootfs), "-cf", str(tarball), "."], check=True)
+        repository, tag = BASE_IMAGE.split(":")
+        log(f"docker import -> {BASE_IMAGE}")
+        docker_client.api.import_image_from_file(str(tarball), repository=repository, tag=tag)
+
+
+def _has_image(docker_client: Any, name: str) -> bool:
+    import docker
+
+    try:
+        docker_client.images.get(name)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+@dataclass
+class DockerLimits:
+    """Resource limits of one container."""
+
+    memory_bytes: int = 512 << 20
+    """Memory (and memory + swap) limit; the kernel kills the worker beyond it."""
+    pids: int = 64
+    """Processes and threads in the container."""
+    cpus: float = 1.0
+    """CPU share (cores)."""
+    tmp_bytes: int = 64 << 20
+    """Size of the writable /tmp (tmpfs)."""
+
+
+@dataclass
+class DockerBackend:
+    """Starts each worker in its own container.
+
+    Args:
+        image: The image (see `build_image`).
+        limits: Resource limits.
+        code_paths: Extra host folders mounted read-only and put on PYTHONPATH (the folder of
+            the environment's module is added automatically when it is not in toolgym).
+    """
+
+    image: str = IMAGE
+    limits: DockerLimits = field(default_factory=DockerLimits)
+    code_paths: list[str] = field(default_factory=list)
+    start_timeout: float = 60.0
+    name: str = "docker"
+
+    def start(self, target: type | None = None) -> DockerChannel:
+        docker_client = client()
+        reap_orphans(docker_client)
+        mounts = {str(_source_root()): {"bind": SOURCE_MOUNT, "mode": "ro"}}
+        paths = [SOURCE_MOUNT]
+        for index, host_path in enumerate([*self.code_paths, *_module_roots(target)]):
+            inside = f"/opt/code/{index}"
+            mounts[host_path] = {"bind": inside, "mode": "ro"}
+            paths.append(inside)
+        limits = self.limits
+        container = docker_client.containers.create(
+            self.image,
+            command=["python3", "-m", "toolgym.sandbox.worker"],
+            stdin_open=True,
+            network_mode="none",
+            read_only=True,
+            mem_limit=limits.memory_bytes,
+            memswap_limit=limits.memory_bytes,
+            pids_limit=limits.pids,
+            nano_cpus=int(limits.cpus * 1e9),
+            user="65534:65534",
+            cap_drop=["ALL"],
+            security_opt=["no-new-privileges"],
+            tmpfs={"/tmp": f"size={limits.tmp_bytes},mode=1777"},
+            volumes=mounts,
+            environment={"PYTHONPATH": ":".join(paths), "TOOLGYM_WORKER": "1"},
+            working_dir="/tmp",
+            labels={LABEL: "1", OWNER_LABEL: _owner()},
+            auto_remove=True,
+        )
+        _started.add(container.id)
+        try:
+            stream = container.attach_socket(params={"stdin": 1, "stdout": 1, "stream": 1})
+            container.start()
+        except Exception as error:
+            _remove(container)
+            raise SandboxError(f"could not start a sandbox container: {error}") from error
+        isolation = Isolation(
+            backend="docker",
+            network=False,
+            filesystem="image",
+            limits={
+                "memory_bytes": limits.memory_bytes,
+                "processes": limits.pids,
+                "cpus": limits.cpus,
+                "tmp_bytes": limits.tmp_bytes,
+            },
+            user="65534:65534 (nobody), no capabilities",
+        )
+        channel = DockerChannel(container, stream, isolation)
+        channel.hello(self.start_timeout)
+        return channel
+
+
+class DockerChannel(Channel):
+    """The container's attached stdin/stdout (docker's multiplexed stream, demultiplexed)."""
+
+    def __init__(self, container: Any, stream: Any, isolation: Isolation) -> None:
+        super().__init__()
+        self.container, self.isolation = container, isolation
+        self._socket: socket.socket = getattr(stream, "_sock", stream)
+        self._socket.setblocking(False)
+        self._raw = b""
+        self._dead = False
+
+    def _write(self, data: bytes) -> None:
+        self._socket.setblocking(True)
+        try:
+            self._socket.sendall(data)
+        finally:
+            self._socket.setblocking(False)
+
+    def _read(self, timeout: float) -> bytes:
+        """Payload bytes of the next stdout frame(s) (8-byte headers: stream, size)."""
+        while True:
+            if len(self._raw) >= 8:
+                kind, size = struct.unpack(">BxxxL", self._raw[:8])
+                if len(self._raw) >= 8 + size:
+                    payload, self._raw = self._raw[8 : 8 + size], self._raw[8 + size :]
+                    if kind == 1 and payload:
+                        return payload
+                    continue
+            ready, _, _ = select.select([self._socket], [], [], timeout)
+            if not ready:
+                raise TimeoutError
+            try:
+                chunk = self._socket.recv(1 << 16)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                return b""
+            self._raw += chunk
+
+    @property
+    def alive(self) -> bool:
+        return not self._dead
+
+    def kill(self) -> None:
+        if self._dead:
+            return
+        self._dead = True
+        with contextlib.suppress(OSError):
+            self._socket.close()
+        _remove(self.container)
+
+    def exit_description(self) -> str:
+        try:
+            result = self.container.wait(timeout=2)
+            code = result.get("StatusCode")
+            return "killed (memory limit?)" if code == 137 else f"exit code {code}"
+        except Exception:
+            return "container stopped"
+
+
+# -- ownership and reaping ------------------------------------------------------------------
+_started: set[str] = set()
+_reaped = threading.Event()
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return socket.gethostname()
+
+
+def _owner(pid: int | None = None) -> str:
+    return f"{_boot_id()}:{pid or os.getpid()}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def reap_orphans(docker_client: Any | None = None, force: bool = False) -> int:
+    """Remove sandbox containers whose owning process is gone (once per process unless
+    `force`); returns how many were removed."""
+    if _reaped.is_set() and not force:
+        return 0
+    _reaped.set()
+    docker_client = docker_client or client()
+    boot, removed = _boot_id(), 0
+    for container in docker_client.containers.list(all=True, filters={"label": LABEL}):
+        owner = container.labels.get(OWNER_LABEL, "")
+        owner_boot, _, pid = owner.rpartition(":")
+        if owner_boot == boot and pid.isdigit() and _pid_alive(int(pid)):
+            continue
+        _remove(container)
+        removed += 1
+    return removed
+
+
+def _remove(container: Any) -> None:
+    with contextlib.suppress(Exception):  # already gone (auto_remove), or no daemon
+        container.remove(force=True)
+    _started.discard(container.id)
+
+
+@atexit.register
+def _remove_own_containers() -> None:
+    if not _started:
+        return
+    try:
+        docker_client = client(timeout=10)
+        for container in docker_client.containers.list(
+            all=True, filters={"label": f"{OWNER_LABEL}={_owner()}"}
+        ):
+            _remove(container)
+    except Exception:
+        pass
+
+
+def _source_root() -> Path:
+    """The folder that holds the `toolgym` package."""
+    return Path(__file__).resolve().parent.parent.parent
+
+
+def _module_roots(target: type | None) -> list[str]:
+    """The import root of `target`'s module when it lives outside toolgym's source."""
+    if target is None:
+        return []
+    module = sys.modules.get(target.__module__)
+    file = getattr(module, "__file__", None)
+    if not file:
+        return []
+    depth = target.__module__.count(".") + 1
+    root = Path(file).resolve().parents[depth - 1]
+    return [] if root == _source_root() else [str(root)]

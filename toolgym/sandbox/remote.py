@@ -1,0 +1,343 @@
+"""The host side of a sandbox: a channel to a worker, and an `Environment` that lives behind it.
+
+`RemoteEnvironment` has the surface of the environment it hosts (`reset`, the same tools and
+schemas, `reward`, `done`, `step`/`astep`, `close`), so agents and trainers use it unchanged.
+The host checks every tool call against the schemas (as for a local environment) and the
+worker only runs calls that passed. Every request has a timeout. A timeout or a dead worker
+raises `SandboxTimeout` / `SandboxError` (the agent ends the episode with `tool_timeout` /
+`env_error`), the worker is killed, and the next `reset` starts a fresh one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from toolgym.envs.adapter import PLAIN_CLASS_API
+from toolgym.envs.core import (
+    Environment,
+    MalformedToolCall,
+    PreparedCall,
+    ToolCall,
+    ToolResult,
+    accepted_kwargs,
+)
+from toolgym.envs.tools import Tool, collect_tools
+from toolgym.sandbox.worker import PROTOCOL_VERSION
+
+MAX_REPLY_BYTES = 16 * 2**20
+"""A reply line longer than this means a broken worker (the worker cuts tool results well
+below it); the channel is closed."""
+
+
+class SandboxError(RuntimeError):
+    """The sandbox failed: the worker could not start, died, or broke the protocol."""
+
+
+class SandboxTimeout(SandboxError, TimeoutError):
+    """A request ran past its timeout; the worker was killed."""
+
+
+class RemoteError(SandboxError):
+    """The environment raised inside the worker (e.g. in `reset`); carries its traceback."""
+
+    def __init__(self, op: str, error: dict[str, Any]) -> None:
+        super().__init__(f"{op} raised {error.get('type')}: {error.get('message')}")
+        self.type = error.get("type")
+        self.remote_traceback = error.get("traceback", "")
+
+
+@dataclass
+class Isolation:
+    """What a sandbox actually got, so nobody has to guess (`RemoteEnvironment.isolation`)."""
+
+    backend: str
+    network: bool = True
+    """Whether the worker can reach any network (host loopback included)."""
+    filesystem: str = "host"
+    """"host" (read-write as the user), "read-only" (host visible read-only, private /tmp),
+    or "image" (a container's read-only root)."""
+    limits: dict[str, Any] = field(default_factory=dict)
+    """Enforced resource limits (memory bytes, cpu seconds, processes, open files)."""
+    user: str = ""
+    notes: list[str] = field(default_factory=list)
+    """What was asked for and not available."""
+
+
+class Channel(ABC):
+    """A byte stream to one worker: JSON lines out, JSON lines back."""
+
+    isolation: Isolation
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._next_id = 0
+        self._lock = threading.Lock()
+
+    @abstractmethod
+    def _write(self, data: bytes) -> None: ...
+
+    @abstractmethod
+    def _read(self, timeout: float) -> bytes:
+        """Some protocol bytes, b"" at end of stream; raises TimeoutError."""
+
+    @abstractmethod
+    def kill(self) -> None:
+        """Stop the worker now (idempotent)."""
+
+    @property
+    @abstractmethod
+    def alive(self) -> bool: ...
+
+    def hello(self, timeout: float) -> dict[str, Any]:
+        """Wait for the worker's hello line."""
+        with self._lock:
+            message = self._read_message(time.monotonic() + timeout, "start")
+        if "hello" not in message:
+            self.kill()
+            raise SandboxError(f"worker did not say hello: {message!r}")
+        return message["hello"]
+
+    def request(self, op: str, timeout: float, **fields: Any) -> dict[str, Any]:
+        """Send one request and return its reply; raises SandboxTimeout / SandboxError."""
+        with self._lock:
+            self._next_id += 1
+            message = {"v": PROTOCOL_VERSION, "id": self._next_id, "op": op, **fields}
+            try:
+                self._write(json.dumps(message).encode() + b"\n")
+            except (OSError, ValueError) as error:
+                self.kill()
+                raise SandboxError(f"worker is gone ({op}): {error}") from error
+            deadline = time.monotonic() + timeout
+            while True:
+                reply = self._read_message(deadline, op)
+                if reply.get("id") == self._next_id:
+                    return reply
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Ask the worker to exit, then make sure it has."""
+        if self.alive:
+            with contextlib.suppress(SandboxError):
+                self.request("exit", timeout)
+        self.kill()
+
+    def _read_message(self, deadline: float, op: str) -> dict[str, Any]:
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            try:
+                if remaining <= 0:
+                    raise TimeoutError
+                chunk = self._read(remaining)
+            except TimeoutError:
+                self.kill()
+                raise SandboxTimeout(f"{op} took over its time limit; worker killed") from None
+            except OSError as error:
+                self.kill()
+                raise SandboxError(f"worker stream failed during {op}: {error}") from error
+            if not chunk:
+                why = self.exit_description()
+                self.kill()
+                raise SandboxError(f"worker died during {op} ({why})")
+            self._buffer += chunk
+            if len(self._buffer) > MAX_REPLY_BYTES:
+                self.kill()
+                raise SandboxError(f"worker reply to {op} exceeds {MAX_REPLY_BYTES} bytes")
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        try:
+            return json.loads(line)
+        except ValueError as error:
+            self.kill()
+            raise SandboxError(f"worker broke the protocol during {op}: {line[:200]!r}") from error
+
+    def exit_description(self) -> str:
+        return "stream closed"
+
+
+class Backend(Protocol):
+    """Starts workers: `start(target)` returns a channel whose worker has said hello (the
+    environment class is passed so a backend can make its module importable there)."""
+
+    name: str
+
+    def start(self, target: type | None = None) -> Channel: ...
+
+
+def tool_table(target: type) -> dict[str, Tool]:
+    """The tools of an environment class, as the host sees them."""
+    if isinstance(target, type) and issubclass(target, Environment):
+        return target._tools
+    return collect_tools(target, exclude=PLAIN_CLASS_API)
+
+
+class RemoteEnvironment(Environment):
+    """An environment instance that lives in a worker (a subprocess or a container).
+
+    Args:
+        target: The environment class (importable by module and name in the worker).
+        kwargs: Its constructor arguments (JSON-serialisable).
+        backend: Starts workers (`ProcessBackend`, `DockerBackend`).
+        call_timeout: Seconds one request (reset, one tool call, ...) may take.
+        start_timeout: Seconds a new worker may take to start and build the environment.
+        channel: A started channel to use first.
+        pool: The `SandboxPool` this instance belongs to; `close()` gives it back there.
+    """
+
+    def __init__(
+        self,
+        target: type,
+        kwargs: dict[str, Any] | None = None,
+        *,
+        backend: Backend,
+        call_timeout: float = 30.0,
+        start_timeout: float = 60.0,
+        channel: Channel | None = None,
+        pool: Any = None,
+    ) -> None:
+        self.target, self.kwargs, self.backend = target, dict(kwargs or {}), backend
+        self.pool = pool
+        self.revoked: str | None = None
+        """Why this instance may not be used any more (set by its pool), or None."""
+        self.call_timeout, self.start_timeout = call_timeout, start_timeout
+        self._table = tool_table(target)
+        self.max_turns = getattr(target, "max_turns", None)
+        self._plain = not issubclass(target, Environment)
+        self._filter_reset = accepted_kwargs(target.reset)
+        self._channel: Channel | None = None
+        self.restarts = -1
+        self._connect(channel)
+
+    # -- the environment surface -------------------------------------------------------------
+    def reset(self, **row: Any) -> str | None:  # the base wrapper has seeded the episode
+        self._channel_or_start()
+        arguments = self._filter_reset(row) if self._plain else row
+        return self._request("reset", kwargs=arguments)
+
+    def get_reward(self) -> float:
+        if self._reward_error:
+            raise SandboxError(f"get_reward failed in the worker: {self._reward_error}")
+        return self.reward
+
+    def final_answer(self, text: str) -> None:
+        self._request("invoke", name="final_answer", args=[text])
+
+    def demonstration(self) -> list[list[ToolCall]] | None:
+        turns = self._request("invoke", name="demonstration")
+        if turns is None:
+            return None
+        return [[ToolCall(c["name"], c["arguments"]) for c in turn] for turn in turns]
+
+    def close(self) -> None:
+        """Give the instance back to its pool, or stop its worker."""
+        if self.pool is not None:
+            self.pool.release(self)
+        else:
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        """Stop the worker (the environment's own `close` runs there first)."""
+        if self._channel is not None:
+            if self._channel.alive:
+                with contextlib.suppress(SandboxError):
+                    self._request("invoke", name="close")
+            self._channel.close()
+            self._channel = None
+
+    @property
+    def isolation(self) -> Isolation:
+        """What the current worker got (network, filesystem, limits, user)."""
+        return self._channel_or_start().isolation
+
+    @property
+    def alive(self) -> bool:
+        return self._channel is not None and self._channel.alive
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def _tool_table(self) -> dict[str, Tool]:
+        return self._table
+
+    def _prepare_call(self, call: ToolCall | MalformedToolCall) -> ToolResult | PreparedCall:
+        prepared = super()._prepare_call(call)
+        if isinstance(prepared, ToolResult):
+            return prepared
+        return _RemoteCall(
+            prepared.call, prepared.tool, prepared.function, prepared.arguments, self
+        )
+
+    def _call(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        return self._request("call", name=name, arguments=arguments)
+
+    def _connect(self, channel: Channel | None) -> None:
+        if self._channel is not None:
+            self._channel.kill()
+        self._channel = channel or self.backend.start(self.target)
+        self.restarts += 1
+        self.reward, self.done, self._reward_error = 0.0, False, None
+        module, name = self.target.__module__, self.target.__qualname__
+        created = self._request(
+            "create", self.start_timeout, module=module, name=name, kwargs=self.kwargs
+        )
+        self.max_turns = created.get("max_turns", self.max_turns)
+
+    def _channel_or_start(self) -> Channel:
+        if self.revoked:
+            raise SandboxError(self.revoked)
+        if self._channel is None or not self._channel.alive:
+            self._connect(None)
+        assert self._channel is not None
+        return self._channel
+
+    def _request(self, op: str, timeout: float | None = None, **fields: Any) -> Any:
+        if self.revoked:
+            raise SandboxError(self.revoked)
+        channel = self._channel
+        if channel is None or not channel.alive:  # only reset() starts a new worker
+            raise SandboxError(f"{op}: the worker is gone (reset() starts a new one)")
+        reply = channel.request(op, timeout or self.call_timeout, **fields)
+        state = reply.get("state")
+        if state:
+            self.done = bool(state.get("done"))
+            self.reward = float(state.get("reward", self.reward))
+            self._reward_error = state.get("reward_error")
+        if not reply.get("ok"):
+            raise RemoteError(op, reply.get("error") or {})
+        return reply.get("value")
+
+    def __repr__(self) -> str:
+        return f"RemoteEnvironment({self.target.__name__}, backend={self.backend.name})"
+
+
+def ping(env: RemoteEnvironment, timeout: float = 5.0) -> bool:
+    """Health check: True when the environment's worker is running and answers in time."""
+    channel = env._channel
+    if channel is None or not channel.alive:
+        return False
+    try:
+        return channel.request("ping", timeout).get("value") == "pong"
+    except SandboxError:
+        return False
+
+
+class _RemoteCall(PreparedCall):
+    """A checked call that runs in the worker; a sandbox failure propagates (ends the episode)."""
+
+    def __init__(self, call, tool, function, arguments, env: RemoteEnvironment) -> None:
+        super().__init__(call, tool, function, arguments)
+        self.env = env
+
+    def run(self) -> ToolResult:
+        value = self.env._call(self.call.name, self.arguments)
+        return ToolResult(self.call, value["content"], value["failure"])
+
+    async def arun(self) -> ToolResult:
+        try:
+            return await asyncio.to_thread(self.run)
+        except asyncio.CancelledError:  # the agent's own timeout fired first
+            if self.env._channel is not None:
+                self.env._channel.kill()
+            raise

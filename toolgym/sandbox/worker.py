@@ -1,0 +1,247 @@
+"""The worker: hosts one environment instance and answers requests over a byte stream.
+
+Standard library only (it runs in a minimal container image); started as
+`python3 -m toolgym.sandbox.worker` with the project's source on `PYTHONPATH`.
+
+Protocol (version 1): JSON lines. The worker first writes a hello line
+`{"v": 1, "hello": {"pid": ..., "python": "3.11.2"}}`, then answers each request line with
+exactly one reply line carrying the request's `id`:
+
+    request  {"v": 1, "id": 7, "op": OP, ...fields}
+    reply    {"v": 1, "id": 7, "ok": true, "value": ..., "state": {"reward": 0.0, "done": false}}
+             {"v": 1, "id": 7, "ok": false, "error": {"type": "ValueError", "message": "..."}}
+
+OP is one of:
+    create  {"module", "name", "kwargs"}  import module:name and instantiate it
+    reset   {"kwargs"}                     -> the first observation (str or null)
+    call    {"name", "arguments"}          -> {"content": str, "failure": null | "tool_error"
+                                              | "tool_exception" | "bad_result"}
+    invoke  {"name", "args"}               a protocol method: get_reward, final_answer,
+                                           demonstration, close
+    ping    {}                             -> "pong" (health check)
+    exit    {}                             the worker replies, then exits
+
+`state` (after every op that reached the environment) saves the host a round trip for the
+reward and `done`. Anything the environment prints goes to stderr: the protocol owns stdout.
+A request the worker cannot read gets an error reply with id null; end of input ends it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+import os
+import platform
+import sys
+import traceback
+from typing import Any, BinaryIO
+
+PROTOCOL_VERSION = 1
+MAX_CONTENT_CHARS = 1_000_000
+"""A tool result longer than this is cut (the protocol stays responsive whatever a tool
+returns; environments should truncate to what a model can read long before this)."""
+
+
+class Worker:
+    """The request loop around one environment instance."""
+
+    def __init__(
+        self, reader: BinaryIO, writer: BinaryIO, hello: dict[str, Any] | None = None
+    ) -> None:
+        self.reader, self.writer = reader, writer
+        self.hello = {"pid": os.getpid(), "python": platform.python_version(), **(hello or {})}
+        self.env: Any = None
+
+    def serve(self) -> None:
+        self._send({"hello": self.hello})
+        for line in self.reader:
+            try:
+                request = json.loads(line)
+                if not isinstance(request, dict):
+                    raise ValueError("a request is a JSON object")
+            except ValueError as error:
+                self._send({"id": None, "ok": False, "error": _error(error)})
+                continue
+            reply = self.handle(request)
+            if os.getpid() != self.hello["pid"]:
+                os._exit(0)  # a process the environment forked must not answer or read requests
+            self._send(reply)
+            if request.get("op") == "exit":
+                return
+
+    def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        reply: dict[str, Any] = {"id": request.get("id")}
+        op = request.get("op")
+        handler = getattr(self, f"_op_{op}", None) if isinstance(op, str) else None
+        try:
+            if request.get("v") != PROTOCOL_VERSION:
+                raise ValueError(f"protocol version {request.get('v')!r} (worker speaks 1)")
+            if handler is None:
+                raise ValueError(f"unknown op {op!r}")
+            if op not in ("create", "ping", "exit") and self.env is None:
+                raise RuntimeError("no environment yet (send create first)")
+            reply.update(ok=True, value=handler(request))
+        except Exception as error:
+            reply.update(ok=False, error=_error(error))
+        if self.env is not None and op not in ("ping", "exit"):
+            reply["state"] = self._state()
+        return reply
+
+    # -- operations -------------------------------------------------------------------------
+    def _op_create(self, request: dict[str, Any]) -> dict[str, Any]:
+        cls = getattr(importlib.import_module(request["module"]), request["name"])
+        self.env = cls(**request.get("kwargs", {}))
+        return {"max_turns": getattr(self.env, "max_turns", None)}
+
+    def _op_reset(self, request: dict[str, Any]) -> str | None:
+        observation = _resolve(self.env.reset(**request.get("kwargs", {})))
+        return None if observation is None else str(observation)
+
+    def _op_call(self, request: dict[str, Any]) -> dict[str, Any]:
+        name = request["name"]
+        if name.startswith("_"):
+            raise ValueError(f"{name!r} is not a tool")
+        try:
+            value = _resolve(getattr(self.env, name)(**request.get("arguments", {})))
+        except Exception as error:
+            failure = "tool_error" if type(error).__name__ == "ToolError" else "tool_exception"
+            message = str(error) if failure == "tool_error" else f"{type(error).__name__}: {error}"
+            return {"content": message, "failure": failure}
+        try:
+            content = value if isinstance(value, str) else json.dumps(value)
+        except (TypeError, ValueError) as error:
+            return {
+                "content": f"{name} returned a value that is not JSON: {error}",
+                "failure": "bad_result",
+            }
+        return {"content": content[:MAX_CONTENT_CHARS], "failure": None}
+
+    def _op_invoke(self, request: dict[str, Any]) -> Any:
+        name = request["name"]
+        if name not in ("get_reward", "final_answer", "demonstration", "close"):
+            raise ValueError(f"{name!r} is not a protocol method")
+        method = getattr(self.env, name, None)
+        if method is None:
+            return None
+        value = _resolve(method(*request.get("args", [])))
+        if name == "demonstration" and value is not None:
+            return [[{"name": c.name, "arguments": c.arguments} for c in turn] for turn in value]
+        return value
+
+    def _op_ping(self, request: dict[str, Any]) -> str:
+        return "pong"
+
+    def _op_exit(self, request: dict[str, Any]) -> None:
+        return None
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _state(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"done": bool(getattr(self.env, "done", False))}
+        try:
+            get_reward = getattr(self.env, "get_reward", None)
+            reward = get_reward() if callable(get_reward) else getattr(self.env, "reward", 0.0)
+            state["reward"] = float(reward)
+        except Exception as error:
+            state["reward_error"] = f"{type(error).__name__}: {error}"
+        return state
+
+    def _send(self, message: dict[str, Any]) -> None:
+        message = {"v": PROTOCOL_VERSION, **message}
+        self.writer.write(json.dumps(message).encode() + b"\n")
+        self.writer.flush()
+
+
+def forbid_new_processes() -> str | None:
+    """Install a seccomp filter under which fork, vfork and process-creating clone fail with
+    EAGAIN (threads still work). Returns None on success, else why it could not.
+
+    This is how the process backend bounds a fork bomb when it runs as root, where
+    RLIMIT_NPROC does not apply.
+    """
+    import ctypes
+    import ctypes.util
+    import errno
+
+    path = ctypes.util.find_library("seccomp") or "libseccomp.so.2"
+    try:
+        lib = ctypes.CDLL(path, use_errno=True)
+    except OSError as error:
+        return f"libseccomp not found ({error})"
+
+    class ArgCompare(ctypes.Structure):
+        _fields_ = [
+            ("arg", ctypes.c_uint),
+            ("op", ctypes.c_int),
+            ("datum_a", ctypes.c_uint64),
+            ("datum_b", ctypes.c_uint64),
+        ]
+
+    allow, masked_eq, clone_thread = 0x7FFF0000, 7, 0x00010000
+    lib.seccomp_init.restype = ctypes.c_void_p
+    lib.seccomp_init.argtypes = [ctypes.c_uint32]
+    lib.seccomp_rule_add_array.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_uint32,
+        ctypes.c_int,
+        ctypes.c_uint,
+        ctypes.c_void_p,
+    ]
+    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    lib.seccomp_load.argtypes = lib.seccomp_release.argtypes = [ctypes.c_void_p]
+
+    def deny(code: int) -> int:
+        return 0x00050000 | code  # SCMP_ACT_ERRNO(code)
+
+    context = lib.seccomp_init(allow)
+    if not context:
+        return "seccomp_init failed"
+    try:
+        rules = [("fork", errno.EAGAIN, None), ("vfork", errno.EAGAIN, None)]
+        rules += [("clone", errno.EAGAIN, ArgCompare(0, masked_eq, clone_thread, 0))]
+        rules += [("clone3", errno.ENOSYS, None)]  # libc falls back to clone for threads
+        for name, code, compare in rules:
+            number = lib.seccomp_syscall_resolve_name(name.encode())
+            pointer = ctypes.byref(compare) if compare is not None else None
+            if lib.seccomp_rule_add_array(
+                context, deny(code), number, int(compare is not None), pointer
+            ):
+                return f"seccomp rule for {name} failed"
+        if lib.seccomp_load(context):
+            return "seccomp_load failed"
+    finally:
+        lib.seccomp_release(context)
+    return None
+
+
+def _resolve(value: Any) -> Any:
+    return asyncio.run(value) if inspect.iscoroutine(value) else value
+
+
+def _error(error: BaseException) -> dict[str, str]:
+    return {
+        "type": type(error).__name__,
+        "message": str(error),
+        "traceback": "".join(traceback.format_exception(error))[-4000:],
+    }
+
+
+def main() -> None:
+    # The launcher sets TOOLGYM_WORKER=1 (before `toolgym` is imported), so that environment
+    # modules load with the standard library alone. The protocol keeps the real stdout;
+    # whatever the environment prints goes to stderr.
+    protocol_out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    hello: dict[str, Any] = {}
+    if os.environ.get("TOOLGYM_NO_NEW_PROCESSES") == "1":
+        problem = forbid_new_processes()
+        hello["no_new_processes"] = problem is None
+        if problem:
+            hello["notes"] = [f"new processes are not blocked: {problem}"]
+    Worker(sys.stdin.buffer, protocol_out, hello).serve()
+
+
+if __name__ == "__main__":
+    main()

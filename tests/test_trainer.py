@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -138,3 +139,32 @@ def test_crashing_environment_is_excluded_not_fatal(tokenizer, tmp_path):
     )
     (metrics,) = trainer.train()
     assert metrics["excluded"] == 2 and metrics["statuses"]["env_error"] == 2
+
+
+def test_lora_trains_only_the_adapters_and_saves_them(tokenizer, tmp_path):
+    pytest.importorskip("peft")
+    torch.manual_seed(0)
+    model = train_tool_caller(tokenizer)
+    base = {name: p.detach().clone() for name, p in model.named_parameters()}
+
+    def varied(prompts, completions, trajectories, **_):
+        return [float(len(t.completion_ids) % 7) for t in trajectories]
+
+    lora = {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    args = config(tmp_path, max_steps=2, lora=lora, temperature=1.0, learning_rate=1e-2)
+    trainer = GRPOTrainer(
+        model, "Wordle-v0", rows(4), reward_funcs=[varied], args=args, tokenizer=tokenizer
+    )
+    history = trainer.train()
+    assert all(math.isfinite(m["loss"]) for m in history)
+    trained = dict(trainer._unwrapped.named_parameters())
+    adapters = {n: p for n, p in trained.items() if "lora_B" in n}
+    assert adapters and any(p.abs().sum() > 0 for p in adapters.values())  # B starts at zero
+    frozen = {
+        n.removeprefix("base_model.model.").replace(".base_layer", ""): p
+        for n, p in trained.items()
+        if "lora_" not in n
+    }
+    assert frozen.keys() == base.keys()
+    assert all(torch.equal(frozen[n], base[n]) for n in base)  # the base model is frozen
+    assert (tmp_path / "checkpoint-2" / "adapter_config.json").exists()

@@ -14,6 +14,67 @@ vllm = pytest.importorskip(
 pytestmark = pytest.mark.vllm
 
 
+def test_the_trainer_samples_with_vllm_and_pushes_every_update(tmp_path):
+    """engine="vllm": rollouts come from vLLM, and after a step vLLM serves the trained
+    weights (its greedy tokens equal transformers' on the updated model). First in the file,
+    so it runs before the module's shared engine exists."""
+    import toolgym
+    from toolgym.algorithms import GRPOConfig, GRPOTrainer
+    from toolgym.testing import tiny_model
+
+    tokenizer = tiny_tokenizer()
+    model = tiny_model(tokenizer, seed=2, hidden_size=128)  # random: varied samples
+
+    def varied(prompts, completions, trajectories, **_):
+        return [(sum(t.completion_ids) % 101) / 100 for t in trajectories]
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        engine="vllm",
+        max_steps=2,
+        prompts_per_step=1,
+        num_generations=4,
+        micro_batch_size=4,
+        max_turns=2,
+        max_new_tokens=24,
+        max_episode_tokens=400,
+        parser="hermes",
+        temperature=1.0,
+        learning_rate=3e-2,
+        progress_bar=False,
+        save_steps=0,
+    )
+    rows = list(toolgym.spec("Wordle-v0").dataset(2, seed=0))
+    trainer = GRPOTrainer(model, "Wordle-v0", rows, [varied], args, tokenizer=tokenizer)
+    try:
+        prompt = trainer.agent.renderer.prompt_ids(
+            rows[0]["prompt"], toolgym.make("Wordle-v0").tools
+        )
+        request = GenerationRequest(prompt, SamplingParams(max_tokens=24, temperature=0))
+        before = trainer.engine.generate([request])[0]
+        history = trainer.train()
+        assert len(history) == 2 and all(m["excluded"] == 0 for m in history)
+        served = trainer.engine.generate([request])[0]
+        # vLLM's logprobs are the trained model's (transformers, teacher-forced on the same
+        # tokens), and that model scores the tokens vLLM sampled before the steps differently.
+        assert served.logprobs == pytest.approx(scored(trainer, prompt, served), abs=2e-3)
+        assert before.logprobs != pytest.approx(scored(trainer, prompt, before), abs=2e-3)
+    finally:
+        trainer.engine.close()
+
+
+def scored(trainer, prompt: list[int], completion) -> list[float]:
+    """The trainer's model's logprobs of `completion`'s tokens after `prompt`."""
+    import torch
+
+    from toolgym.algorithms.losses import token_logprobs
+
+    ids = torch.tensor([prompt + list(completion.token_ids)])
+    with torch.no_grad():
+        logprobs = token_logprobs(trainer._unwrapped, ids, torch.ones_like(ids))
+    return logprobs[0, len(prompt) - 1 :].tolist()
+
+
 @pytest.fixture(scope="module")
 def tiny_vllm(tmp_path_factory):
     """A tool-calling tiny model saved to a folder and served by an in-process vLLM."""

@@ -104,6 +104,7 @@ class GRPOTrainer:
             args.lr_scheduler, optimizer, args.warmup_steps, args.max_steps
         )
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.output_dir = Path(args.output_dir)
         self.engine = engine or self._make_engine()
         self.agent = Agent(
             self.engine,
@@ -121,7 +122,6 @@ class GRPOTrainer:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.step = 0
         self._order: tuple[int, list[int]] = (-1, [])
-        self.output_dir = Path(args.output_dir)
         self.log = MetricsLog(self.output_dir, args.report_to, args.to_dict())
 
     # -- the loop ---------------------------------------------------------------------------
@@ -422,7 +422,10 @@ class GRPOTrainer:
         if args.engine == "vllm":
             from toolgym.agents.engines.vllm import VLLMEngine
 
-            return VLLMEngine(str(folder))
+            # The policy's own dtype: vLLM's "auto" would serve a float32 model in 16 bits,
+            # so sampling logprobs would drift from the trainer's.
+            dtype = str(self._unwrapped.dtype).removeprefix("torch.")
+            return VLLMEngine(str(folder), dtype=dtype, seed=args.seed)
         if args.engine == "vllm-server":
             from toolgym.agents.engines.server import VLLMServerEngine
 

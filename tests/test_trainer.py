@@ -168,3 +168,18 @@ def test_lora_trains_only_the_adapters_and_saves_them(tokenizer, tmp_path):
     assert frozen.keys() == base.keys()
     assert all(torch.equal(frozen[n], base[n]) for n in base)  # the base model is frozen
     assert (tmp_path / "checkpoint-2" / "adapter_config.json").exists()
+
+
+def test_metrics_history_restarts_with_a_fresh_run_and_resumes_without_repeats(tmp_path):
+    from toolgym.algorithms.tracking import MetricsLog
+
+    first = MetricsLog(tmp_path, [], {})
+    for step in (1, 2, 3):
+        first.log(step, {"reward": step / 10})
+    first.log(3, {"eval/reward": 0.9})
+    resumed = MetricsLog(tmp_path, [], {})  # from checkpoint-1: steps 2.. are replaced
+    resumed.log(2, {"reward": 0.25})
+    assert [(e["step"], e["reward"]) for e in resumed.history()] == [(1, 0.1), (2, 0.25)]
+    fresh = MetricsLog(tmp_path, [], {})  # a new run in the same folder
+    fresh.log(1, {"reward": 0.5})
+    assert [(e["step"], e["reward"]) for e in fresh.history()] == [(1, 0.5)]

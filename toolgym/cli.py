@@ -49,8 +49,11 @@ def episode_rows(args: argparse.Namespace, n: int) -> list[dict[str, Any]]:
 
 def play(args: argparse.Namespace) -> int:
     agent = build_agent(args)
-    env = toolgym.make(args.env)
-    (trajectory,) = agent.run([env], episode_rows(args, 1), seeds=[args.seed])
+    env = toolgym.make(args.env, sandbox=args.sandbox)
+    try:
+        (trajectory,) = agent.run([env], episode_rows(args, 1), seeds=[args.seed])
+    finally:
+        env.close()
     for message in trajectory.messages:
         print(f"--- {message['role']}")
         print(message["content"])
@@ -66,14 +69,18 @@ def evaluate(args: argparse.Namespace) -> int:
 
     agent = build_agent(args)
     rows = episode_rows(args, args.n)
-    envs = [toolgym.make(args.env) for _ in rows]
-    with tqdm(total=len(rows), desc=f"eval {args.env}", unit="episode") as bar:
-        trajectories = agent.run(
-            envs,
-            rows,
-            seeds=list(range(args.seed, args.seed + len(rows))),
-            on_episode_end=lambda _: bar.update(),
-        )
+    envs = [toolgym.make(args.env, sandbox=args.sandbox) for _ in rows]
+    try:
+        with tqdm(total=len(rows), desc=f"eval {args.env}", unit="episode") as bar:
+            trajectories = agent.run(
+                envs,
+                rows,
+                seeds=list(range(args.seed, args.seed + len(rows))),
+                on_episode_end=lambda _: bar.update(),
+            )
+    finally:
+        for env in envs:
+            env.close()
     summary = summarize(trajectories)
     print(json.dumps(summary, indent=2) if args.json else format_summary(args.env, summary))
     return 0
@@ -110,6 +117,12 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--split", default=None, help="dataset split, for builders that have one")
+    parser.add_argument(
+        "--sandbox",
+        default=None,
+        choices=["local", "process", "docker", "auto"],
+        help="where the environments live (default: the environment's registered choice)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

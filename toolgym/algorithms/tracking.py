@@ -9,14 +9,23 @@ from typing import Any
 
 class MetricsLog:
     """Appends one JSON object per logged step to `metrics.jsonl` and forwards the metrics to
-    the trackers named in `report_to` ("trackio", "wandb", "tensorboard")."""
+    the trackers named in `report_to` ("trackio", "wandb", "tensorboard").
+
+    The first entry a run logs drops the file's entries from that step on: a fresh run in a
+    used folder starts a new history, and a resumed run replaces the steps it repeats.
+    """
 
     def __init__(self, output_dir: str | Path, report_to: list[str], config: dict[str, Any]):
         self.path = Path(output_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._trackers = [_tracker(name, Path(output_dir), config) for name in report_to]
+        self._trimmed = False
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
+        if not self._trimmed:
+            kept = [entry for entry in self.history() if entry["step"] < step]
+            self.path.write_text("".join(json.dumps(entry) + "\n" for entry in kept))
+            self._trimmed = True
         with self.path.open("a", encoding="utf-8") as file:
             file.write(json.dumps({"step": step, **metrics}) + "\n")
         numbers = {k: v for k, v in metrics.items() if isinstance(v, int | float)}

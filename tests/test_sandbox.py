@@ -247,19 +247,25 @@ def test_killing_the_parent_leaves_no_container_after_the_next_start(tmp_path):
     try:
         assert parent.stdout.readline().strip() == "ready"
         client = docker.from_env()
-        owned = client.containers.list(filters={"label": f"{OWNER_LABEL}"})
+        owned = client.containers.list(filters={"label": OWNER_LABEL}, ignore_removed=True)
         mine = [c for c in owned if c.labels[OWNER_LABEL].endswith(f":{parent.pid}")]
         assert len(mine) == 8
     finally:
         parent.send_signal(signal.SIGKILL)
         parent.wait()
     reap_orphans(force=True)  # what the next DockerBackend.start() does first
-    left = [
-        c
-        for c in client.containers.list(all=True, filters={"label": LABEL})
-        if c.labels.get(OWNER_LABEL, "").endswith(f":{parent.pid}")
-    ]
-    assert left == []
+
+    def left() -> list:
+        return [
+            c
+            for c in client.containers.list(all=True, filters={"label": LABEL}, ignore_removed=True)
+            if c.labels.get(OWNER_LABEL, "").endswith(f":{parent.pid}")
+        ]
+
+    deadline = time.monotonic() + 20  # removals the daemon has begun may take a moment
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert left() == []
 
 
 def test_the_trainer_plays_its_rollouts_in_sandboxes(tmp_path):

@@ -304,7 +304,9 @@ def reap_orphans(docker_client: Any | None = None, force: bool = False) -> int:
     _reaped.set()
     docker_client = docker_client or client()
     boot, removed = _boot_id(), 0
-    for container in docker_client.containers.list(all=True, filters={"label": LABEL}):
+    for container in docker_client.containers.list(
+        all=True, filters={"label": LABEL}, ignore_removed=True
+    ):
         owner = container.labels.get(OWNER_LABEL, "")
         owner_boot, _, pid = owner.rpartition(":")
         if owner_boot == boot and pid.isdigit() and _pid_alive(int(pid)):
@@ -327,7 +329,7 @@ def _remove_own_containers() -> None:
     try:
         docker_client = client(timeout=10)
         for container in docker_client.containers.list(
-            all=True, filters={"label": f"{OWNER_LABEL}={_owner()}"}
+            all=True, filters={"label": f"{OWNER_LABEL}={_owner()}"}, ignore_removed=True
         ):
             _remove(container)
     except Exception:

@@ -26,11 +26,13 @@ import shutil
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from toolgym.sandbox.remote import Channel, Isolation, SandboxError
 
 _PR_SET_PDEATHSIG = 1
+_SPAWNER = ThreadPoolExecutor(1, thread_name_prefix="toolgym-spawn")
 
 
 @dataclass
@@ -76,7 +78,11 @@ class ProcessBackend:
         }
         if self.limits.max_processes == 0:
             env["TOOLGYM_NO_NEW_PROCESSES"] = "1"
-        process = subprocess.Popen(
+        # Spawned from one long-lived thread: the parent-death signal (and bubblewrap's
+        # --die-with-parent) fires when the spawning *thread* exits, and rollouts start
+        # workers from short-lived pool threads.
+        process = _SPAWNER.submit(
+            subprocess.Popen,
             command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -85,7 +91,7 @@ class ProcessBackend:
             cwd="/tmp",
             preexec_fn=self._limit_child,
             start_new_session=True,
-        )
+        ).result()
         channel = ProcessChannel(process, isolation)
         hello = channel.hello(self.start_timeout)
         _record_process_limit(isolation, hello, self.limits)

@@ -90,6 +90,14 @@ class Misbehaving(toolgym.Environment):
         print("x" * (megabytes << 20))
         return "still here"
 
+    def describe(self, word: str) -> dict:
+        """A JSON answer.
+
+        Args:
+            word: Any word.
+        """
+        return {"word": word, "letters": len(word)}
+
     def unserialisable(self) -> str:
         """Return something that is not JSON."""
         return object()  # type: ignore[return-value]

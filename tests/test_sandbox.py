@@ -171,8 +171,17 @@ def test_no_writes_outside_its_tmp_and_no_network(where):
 
 def test_megabytes_of_output_and_unserialisable_results(misbehaving):
     assert call(misbehaving, "shout", megabytes=8).messages[0]["content"] == "still here"
+    local = toolgym.as_environment(Misbehaving())
+    local.reset(seed=0)
+    for tool, arguments in (("unserialisable", {}), ("describe", {"word": "café"})):
+        assert (
+            call(misbehaving, tool, **arguments).results == call(local, tool, **arguments).results
+        )
     bad = call(misbehaving, "unserialisable")
-    assert bad.results[0].failure == "bad_result" and "not JSON" in bad.messages[0]["content"]
+    assert (
+        bad.results[0].failure == "bad_result"
+        and "cannot be converted to JSON" in (bad.messages[0]["content"])
+    )
     repl = toolgym.make("PythonREPL-v0", sandbox=misbehaving.backend)
     try:
         repl.reset(seed=0)

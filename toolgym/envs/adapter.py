@@ -30,7 +30,7 @@ class PlainClassEnvironment(Environment):
             )
         self.wrapped = wrapped
         self.max_turns = getattr(wrapped, "max_turns", None)
-        self._table = _tool_table(type(wrapped))
+        self._table = plain_class_tools(type(wrapped))
         self._pass_kwargs = accepted_kwargs(wrapped.reset)
 
     def reset(self, **row: Any) -> str | None:
@@ -79,7 +79,8 @@ def as_environment(obj: object) -> Environment:
     return PlainClassEnvironment(obj)
 
 
-def _tool_table(cls: type) -> dict[str, Tool]:
+def plain_class_tools(cls: type) -> dict[str, Tool]:
+    """The tools of a plain class (built once per class)."""
     if cls not in _tool_tables:
         _tool_tables[cls] = collect_tools(cls, exclude=PLAIN_CLASS_API)
     return _tool_tables[cls]

@@ -296,7 +296,7 @@ class PreparedCall:
     """A checked call, bound to its environment; running it never raises."""
 
     call: ToolCall
-    tool: Tool
+    tool: Tool | None  # None in a sandbox worker, which only runs calls the host checked
     function: Callable[..., Any]
     arguments: dict[str, Any]
 

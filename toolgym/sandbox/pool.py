@@ -139,8 +139,6 @@ class SandboxPool:
         self._starter.shutdown(wait=True)
         for env in everyone:
             env.shutdown()
-        for env in list(self._idle):
-            env.shutdown()
 
     def __enter__(self) -> SandboxPool:
         return self

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import resource
 import selectors
@@ -111,14 +112,14 @@ class ProcessBackend:
         )
         worker = [sys.executable, "-m", "toolgym.sandbox.worker"]
         bwrap = shutil.which("bwrap") if self.bubblewrap else None
-        if bwrap and _works([bwrap, "--ro-bind", "/", "/", "--unshare-net", "true"]):
+        if bwrap and _works((bwrap, "--ro-bind", "/", "/", "--unshare-net", "true")):
             isolation.network, isolation.filesystem = False, "read-only"
             return [bwrap, *_BWRAP_ARGS, "--", *worker], isolation
         isolation.notes.append(
             "bubblewrap unavailable: the worker sees the host's files with the user's rights"
         )
         unshare = shutil.which("unshare")
-        if unshare and _works([unshare, "--net", "true"]):
+        if unshare and _works((unshare, "--net", "true")):
             isolation.network = False
             return [unshare, "--net", "--", *worker], isolation
         isolation.notes.append("no network namespace available: the worker has the network")
@@ -151,7 +152,9 @@ _BWRAP_ARGS = [
 ]  # fmt: skip
 
 
-def _works(command: list[str]) -> bool:
+@functools.cache
+def _works(command: tuple[str, ...]) -> bool:
+    """Whether a probe command succeeds (asked once per process, not per worker)."""
     try:
         return subprocess.run(command, capture_output=True, timeout=10).returncode == 0
     except (OSError, subprocess.TimeoutExpired):

@@ -19,7 +19,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from toolgym.envs.adapter import PLAIN_CLASS_API
+from toolgym.envs.adapter import plain_class_tools
 from toolgym.envs.core import (
     Environment,
     MalformedToolCall,
@@ -28,7 +28,7 @@ from toolgym.envs.core import (
     ToolResult,
     accepted_kwargs,
 )
-from toolgym.envs.tools import Tool, collect_tools
+from toolgym.envs.tools import Tool
 from toolgym.sandbox.worker import PROTOCOL_VERSION
 
 MAX_REPLY_BYTES = 16 * 2**20
@@ -172,7 +172,7 @@ def tool_table(target: type) -> dict[str, Tool]:
     """The tools of an environment class, as the host sees them."""
     if isinstance(target, type) and issubclass(target, Environment):
         return target._tools
-    return collect_tools(target, exclude=PLAIN_CLASS_API)
+    return plain_class_tools(target)
 
 
 class RemoteEnvironment(Environment):

@@ -103,20 +103,14 @@ class Worker:
         name = request["name"]
         if name.startswith("_"):
             raise ValueError(f"{name!r} is not a tool")
-        try:
-            value = _resolve(getattr(self.env, name)(**request.get("arguments", {})))
-        except Exception as error:
-            failure = "tool_error" if type(error).__name__ == "ToolError" else "tool_exception"
-            message = str(error) if failure == "tool_error" else f"{type(error).__name__}: {error}"
-            return {"content": message, "failure": failure}
-        try:
-            content = value if isinstance(value, str) else json.dumps(value)
-        except (TypeError, ValueError) as error:
-            return {
-                "content": f"{name} returned a value that is not JSON: {error}",
-                "failure": "bad_result",
-            }
-        return {"content": content[:MAX_CONTENT_CHARS], "failure": None}
+        from toolgym.envs.core import PreparedCall, ToolCall  # standard library only
+
+        arguments = request.get("arguments", {})
+        # The same run / error / rendering path as a local call, so the model reads the same
+        # text whichever backend hosts the environment (the host already checked the call).
+        call = PreparedCall(ToolCall(name, arguments), None, getattr(self.env, name), arguments)
+        result = call.run()
+        return {"content": result.content[:MAX_CONTENT_CHARS], "failure": result.failure}
 
     def _op_invoke(self, request: dict[str, Any]) -> Any:
         name = request["name"]

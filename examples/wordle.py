@@ -76,9 +76,12 @@ def report(label: str, figures: dict) -> None:
 def evaluate(trainer: GRPOTrainer, label: str) -> dict[str, dict]:
     """Held-out games played greedily and sampled at the training temperature (the policy GRPO
     actually optimises; greedy decoding can hide or exaggerate what changed)."""
+    stage = label.split()[0]  # "before" / "after"
     figures = {
-        "greedy": trainer.evaluate(temperature=0.0),
-        "sampled": trainer.evaluate(temperature=trainer.args.temperature),
+        "greedy": trainer.evaluate(temperature=0.0, samples_file=f"eval-{stage}-greedy.jsonl"),
+        "sampled": trainer.evaluate(
+            temperature=trainer.args.temperature, samples_file=f"eval-{stage}-sampled.jsonl"
+        ),
     }
     for mode, numbers in figures.items():
         report(f"{label} ({mode})", numbers)
@@ -101,7 +104,7 @@ def main() -> None:
     parser.add_argument("--num-generations", type=int, default=4)
     parser.add_argument("--learning-rate", type=float, default=2e-5)
     parser.add_argument("--warmup-games", type=int, default=32, help="expert demonstrations")
-    parser.add_argument("--eval-games", type=int, default=16, help="held-out games per evaluation")
+    parser.add_argument("--eval-games", type=int, default=32, help="held-out games per evaluation")
     parser.add_argument("--shaping", type=float, default=0.5, help="Wordle partial credit")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-dir", default="runs/wordle")

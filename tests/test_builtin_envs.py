@@ -75,11 +75,11 @@ def test_shaping_gives_partial_credit_for_a_loss():
     env = toolgym.make("Wordle-v0", shaping=0.5)
     env.reset(answer="crane")
     play(env, "slate", "moist", "pudgy", "blimp", "woken", "fuzzy")
-    best = max(
-        feedback(w, "crane").count("G") + feedback(w, "crane").count("Y") / 2
-        for w in ("slate", "woken")
+    words = ("slate", "moist", "pudgy", "blimp", "woken", "fuzzy")
+    letters = sum(
+        feedback(w, "crane").count("G") + feedback(w, "crane").count("Y") / 2 for w in words
     )
-    assert env.get_reward() == pytest.approx(0.5 * best / 5)
+    assert env.get_reward() == pytest.approx(0.5 * letters / (5 * 6))
 
 
 def test_shaping_credits_an_unfinished_game_for_its_guesses_so_far():
@@ -89,8 +89,14 @@ def test_shaping_credits_an_unfinished_game_for_its_guesses_so_far():
     assert env.get_reward() == 0.0  # no letter in common
     play(env, "slate")
     pattern = feedback("slate", "crane")
+    first = 0.5 * (pattern.count("G") + pattern.count("Y") / 2) / (5 * 6)
+    assert env.get_reward() == pytest.approx(first)
+    play(env, "slate", "blah")  # a repeated word and an invalid one earn nothing
+    assert env.get_reward() == pytest.approx(first)
+    play(env, "trace")  # a new word that reuses the letters found earns more
+    trace = feedback("trace", "crane")
     assert env.get_reward() == pytest.approx(
-        0.5 * (pattern.count("G") + pattern.count("Y") / 2) / 5
+        first + 0.5 * (trace.count("G") + trace.count("Y") / 2) / (5 * 6)
     )
     assert not env.done
 

@@ -88,7 +88,10 @@ def test_warmup_fits_demonstrations_and_training_logs_everything(tokenizer, tmp_
     )
     losses = trainer.warmup(rows(8, seed=9), SFTConfig(learning_rate=1e-2, epochs=20))
     assert losses[-1] < losses[0] / 2  # the demonstrations' assistant tokens became likely
-    assert trainer.evaluate()["episodes"] == 4
+    figures = trainer.evaluate(samples_file="eval.jsonl")
+    episodes = load_jsonl(tmp_path / "eval.jsonl")
+    assert figures["episodes"] == len(episodes) == 4
+    assert figures["reward"] == pytest.approx(sum(t.reward for t in episodes) / 4)
     history = trainer.train()
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2]

@@ -250,17 +250,19 @@ class GRPOTrainer:
         used: torch.Tensor,
         used_everywhere: int,
     ) -> dict[str, float]:
-        """One optimizer step over this process's trajectories, in micro-batches."""
+        """One optimizer step over this process's trajectories, in micro-batches of similar
+        lengths (less padding; the step's loss does not depend on the grouping)."""
         args, device = self.args, self.accelerator.device
         size = args.micro_batch_size
+        order = sorted(range(len(trajectories)), key=lambda i: _length(trajectories[i]))
         batches = [
             collate(
-                trajectories[i : i + size],
+                [trajectories[i] for i in chunk],
                 self.pad_id,
-                advantages[i : i + size],
-                used[i : i + size],
+                advantages[chunk],
+                used[chunk],
             ).to(device)
-            for i in range(0, len(trajectories), size)
+            for chunk in (order[i : i + size] for i in range(0, len(order), size))
         ]
         tokens = sum(float(b.loss_mask[:, 1:].sum()) for b in batches)
         tokens = (
@@ -360,9 +362,15 @@ class GRPOTrainer:
         return metrics
 
     # -- evaluation, warm-up, saving ----------------------------------------------------------
-    def evaluate(self, rows: Sequence[Row] | None = None, temperature: float = 0.0) -> dict:
+    def evaluate(
+        self,
+        rows: Sequence[Row] | None = None,
+        temperature: float = 0.0,
+        samples_file: str | None = None,
+    ) -> dict:
         """Play each row once (greedy by default); returns mean reward, success rate, turns,
-        tool calls, valid tool calls and status counts."""
+        tool calls, valid tool calls and status counts. With `samples_file`, the episodes are
+        also written to that file in `output_dir` (JSONL trajectories, replacing it)."""
         rows = [dict(r) for r in (rows if rows is not None else self.eval_rows)]
         if not rows:
             raise ValueError("no evaluation rows (pass eval_dataset or rows)")
@@ -373,6 +381,8 @@ class GRPOTrainer:
             trajectories = self.agent.run(envs, rows, list(range(len(rows))))
         finally:
             self.agent.sampling = sampling
+        if samples_file and self.accelerator.is_main_process:
+            save_jsonl(trajectories, self._path(samples_file))
         return summarize(trajectories, self.args.success_threshold)
 
     def warmup(self, rows: Sequence[Row], config: SFTConfig | None = None) -> list[float]:
@@ -446,6 +456,10 @@ def summarize(trajectories: Sequence[Trajectory], success_threshold: float = 1.0
         "valid_tool_calls": statistics.fmean(valid),
         "statuses": dict(Counter(t.status for t in trajectories)),
     }
+
+
+def _length(trajectory: Trajectory) -> int:
+    return len(trajectory.prompt_ids) + len(trajectory.completion_ids)
 
 
 def _groups_without_signal(rewards: list[float], used: torch.Tensor, size: int) -> int:

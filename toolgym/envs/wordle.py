@@ -74,13 +74,15 @@ class Wordle(Environment):
     """Wordle with a `guess(word)` tool.
 
     Reward is 1 for a win and 0 otherwise. With `shaping > 0`, a game not won (lost, or cut
-    short by a turn or token limit) earns partial credit `shaping * best`, where `best` is the
-    best valid guess's (greens + yellows / 2) / 5 so far, so a model is rewarded for valid,
-    informative guesses before it can win.
+    short by a turn or token limit) earns partial credit: `shaping` times the mean, over the
+    `max_guesses` guesses a game allows, of each valid guess's (greens + yellows / 2) / 5; a
+    guess not made, or a word guessed before, counts 0. Every new valid word adds credit, and
+    more for reusing letters the feedback showed to be in the word, so a model is rewarded for
+    the skills a win needs before it can win; a game cut short keeps only what it earned.
 
     Args:
         max_guesses: Valid guesses allowed per game.
-        shaping: Weight of the partial credit for a lost game (0 turns it off).
+        shaping: Weight of the partial credit for a game not won (0 turns it off).
         max_turns: Turns (messages with tool calls) before truncation; invalid words use turns,
             not guesses, so this bounds a model that keeps sending bad words.
     """
@@ -142,8 +144,9 @@ class Wordle(Environment):
     def _partial_credit(self) -> float:
         if self.shaping == 0.0 or not self.history:
             return 0.0
-        best = max(p.count(GREEN) + p.count(YELLOW) / 2 for _, p in self.history)
-        return self.shaping * best / WORD_LENGTH
+        first_tries = dict(reversed(self.history))  # a word guessed again earns nothing
+        letters = sum(p.count(GREEN) + p.count(YELLOW) / 2 for p in first_tries.values())
+        return self.shaping * letters / (WORD_LENGTH * self.max_guesses)
 
 
 class WordleExpert:

@@ -23,8 +23,9 @@ import time
 from pathlib import Path
 
 import toolgym
+from toolgym.agents.trajectory import load_jsonl
 from toolgym.algorithms import GRPOConfig, GRPOTrainer, SFTConfig
-from toolgym.envs.wordle import WordleExpert
+from toolgym.envs.wordle import WordleExpert, allowed_words
 
 
 def play_expert(games: int, seed: int) -> None:
@@ -68,23 +69,37 @@ def report(label: str, figures: dict) -> None:
     print(
         f"{label}: {figures['episodes']} held-out games, mean reward {figures['reward']:.3f}, "
         f"win rate {figures['success_rate']:.1%}, "
-        f"valid guesses {figures['valid_tool_calls']:.2f}, "
+        f"valid guesses {figures['valid_tool_calls']:.2f} "
+        f"({figures['distinct_words']:.2f} distinct words), "
         f"statuses {figures['statuses']}"
     )
+
+
+def distinct_words(episodes: list) -> float:
+    """Distinct valid words guessed per game (a repeated word is a valid guess that earns
+    nothing, so "valid guesses" alone can hide a policy that repeats one word)."""
+    counts = []
+    for episode in episodes:
+        words = {
+            str(call["function"]["arguments"].get("word", "")).strip().lower()
+            for message in episode.messages
+            for call in message.get("tool_calls") or []
+        }
+        counts.append(len(words & (allowed_words() | {episode.row["answer"]})))
+    return statistics.mean(counts)
 
 
 def evaluate(trainer: GRPOTrainer, label: str) -> dict[str, dict]:
     """Held-out games played greedily and sampled at the training temperature (the policy GRPO
     actually optimises; greedy decoding can hide or exaggerate what changed)."""
     stage = label.split()[0]  # "before" / "after"
-    figures = {
-        "greedy": trainer.evaluate(temperature=0.0, samples_file=f"eval-{stage}-greedy.jsonl"),
-        "sampled": trainer.evaluate(
-            temperature=trainer.args.temperature, samples_file=f"eval-{stage}-sampled.jsonl"
-        ),
-    }
-    for mode, numbers in figures.items():
-        report(f"{label} ({mode})", numbers)
+    figures = {}
+    for mode, temperature in (("greedy", 0.0), ("sampled", trainer.args.temperature)):
+        samples = f"eval-{stage}-{mode}.jsonl"
+        figures[mode] = trainer.evaluate(temperature=temperature, samples_file=samples)
+        episodes = load_jsonl(Path(trainer.args.output_dir) / samples)
+        figures[mode]["distinct_words"] = distinct_words(episodes)
+        report(f"{label} ({mode})", figures[mode])
     return figures
 
 

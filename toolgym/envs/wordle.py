@@ -144,8 +144,8 @@ class Wordle(Environment):
     def _partial_credit(self) -> float:
         if self.shaping == 0.0 or not self.history:
             return 0.0
-        first_tries = dict(reversed(self.history))  # a word guessed again earns nothing
-        letters = sum(p.count(GREEN) + p.count(YELLOW) / 2 for p in first_tries.values())
+        distinct = dict(self.history)  # one entry per word: a word guessed again earns nothing
+        letters = sum(p.count(GREEN) + p.count(YELLOW) / 2 for p in distinct.values())
         return self.shaping * letters / (WORD_LENGTH * self.max_guesses)
 
 

@@ -186,3 +186,28 @@ def test_metrics_history_restarts_with_a_fresh_run_and_resumes_without_repeats(t
     fresh = MetricsLog(tmp_path, [], {})  # a new run in the same folder
     fresh.log(1, {"reward": 0.5})
     assert [(e["step"], e["reward"]) for e in fresh.history()] == [(1, 0.5)]
+
+
+def test_bf16_runs_warmup_and_update_under_autocast_and_keeps_float32_weights(tokenizer, tmp_path):
+    model = train_tool_caller(tokenizer)
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    dtypes: list[set] = [set()]  # dtypes of a projection's outputs in passes with gradients
+
+    def record(module, inputs, output):
+        if torch.is_grad_enabled():
+            dtypes[-1].add(output.dtype)
+
+    model.model.layers[0].self_attn.q_proj.register_forward_hook(record)
+    args = config(tmp_path, max_steps=1, bf16=True, env_reward=False)
+    trainer = GRPOTrainer(
+        model, "Wordle-v0", rows(4), reward_funcs=[valid_guesses], args=args, tokenizer=tokenizer
+    )
+    losses = trainer.warmup(rows(2, seed=9), SFTConfig(learning_rate=1e-3, bf16=True))
+    assert dtypes == [{torch.bfloat16}] and all(map(math.isfinite, losses))
+    dtypes.append(set())
+    (metrics,) = trainer.train()
+    assert dtypes[-1] == {torch.bfloat16}  # generation ran without gradients, in float32
+    assert math.isfinite(metrics["loss"]) and abs(metrics["is_weight"] - 1) < 0.1
+    trained = dict(trainer._unwrapped.named_parameters())
+    assert all(p.dtype == torch.float32 for p in trained.values())
+    assert any(not torch.equal(trained[n], before[n]) for n in before)

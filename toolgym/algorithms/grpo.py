@@ -293,23 +293,25 @@ class GRPOTrainer:
     def _micro_step(self, batch: Any, normalizer: StepNormalizer) -> dict[str, float]:
         args = self.args
         mask, sampling_logprobs, _ = batch.targets()
-        logprobs = token_logprobs(
-            self.model,
-            batch.input_ids,
-            batch.attention_mask,
-            args.logprob_chunk_size,
-            args.temperature,
-        )
-        ref = None
-        if self.ref_model is not None:
-            with torch.no_grad():
-                ref = token_logprobs(
-                    self.ref_model,
-                    batch.input_ids,
-                    batch.attention_mask,
-                    args.logprob_chunk_size,
-                    args.temperature,
-                )
+        device = batch.input_ids.device.type
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=args.bf16):
+            logprobs = token_logprobs(
+                self.model,
+                batch.input_ids,
+                batch.attention_mask,
+                args.logprob_chunk_size,
+                args.temperature,
+            )
+            ref = None
+            if self.ref_model is not None:
+                with torch.no_grad():
+                    ref = token_logprobs(
+                        self.ref_model,
+                        batch.input_ids,
+                        batch.attention_mask,
+                        args.logprob_chunk_size,
+                        args.temperature,
+                    )
         loss, stats = policy_loss(
             logprobs,
             logprobs.detach(),

@@ -98,9 +98,10 @@ def warmup_sft(
         for start in range(0, len(order), config.micro_batch_size):
             chosen = [trajectories[i] for i in order[start : start + config.micro_batch_size]]
             batch = collate(chosen, pad_id).to(device)
-            logprobs = token_logprobs(
-                model, batch.input_ids, batch.attention_mask, config.logprob_chunk_size
-            )
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bf16):
+                logprobs = token_logprobs(
+                    model, batch.input_ids, batch.attention_mask, config.logprob_chunk_size
+                )
             loss = masked_nll(logprobs, batch.loss_mask[:, 1:])
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)

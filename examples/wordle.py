@@ -22,6 +22,8 @@ import statistics
 import time
 from pathlib import Path
 
+import torch
+
 import toolgym
 from toolgym.agents.trajectory import load_jsonl
 from toolgym.algorithms import GRPOConfig, GRPOTrainer, SFTConfig
@@ -43,6 +45,18 @@ def play_expert(games: int, seed: int) -> None:
     )
 
 
+def fast_bf16() -> bool:
+    """bfloat16 autocast pays off on a GPU or a CPU with bf16 matrix instructions (elsewhere
+    it is emulated and slower than float32)."""
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def config_from(args: argparse.Namespace) -> GRPOConfig:
     return GRPOConfig(
         output_dir=args.output_dir,
@@ -53,6 +67,7 @@ def config_from(args: argparse.Namespace) -> GRPOConfig:
         prompts_per_step=args.prompts_per_step,
         num_generations=args.num_generations,
         micro_batch_size=args.num_generations,
+        bf16=args.bf16,
         max_turns=6,
         max_new_tokens=40,
         max_episode_tokens=600,
@@ -119,9 +134,15 @@ def main() -> None:
     parser.add_argument("--prompts-per-step", type=int, default=2)
     parser.add_argument("--num-generations", type=int, default=4)
     parser.add_argument("--learning-rate", type=float, default=2e-5)
-    parser.add_argument("--warmup-games", type=int, default=32, help="expert demonstrations")
+    parser.add_argument("--warmup-games", type=int, default=96, help="expert demonstrations")
     parser.add_argument("--eval-games", type=int, default=32, help="held-out games per evaluation")
     parser.add_argument("--shaping", type=float, default=0.5, help="Wordle partial credit")
+    parser.add_argument(
+        "--bf16",
+        action=argparse.BooleanOptionalAction,
+        default=fast_bf16(),
+        help="bfloat16 autocast in the updates (default: on where the hardware is fast at it)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-dir", default="runs/wordle")
     parser.add_argument("--quick", action="store_true", help="a few small steps (smoke test)")
@@ -145,7 +166,8 @@ def main() -> None:
     )
     if args.warmup_games:
         demos = spec.dataset(args.warmup_games, seed=args.seed + 2, split="train")
-        losses = trainer.warmup(demos, SFTConfig(learning_rate=1e-4, micro_batch_size=8))
+        sft = SFTConfig(learning_rate=1e-4, micro_batch_size=8, bf16=args.bf16)
+        losses = trainer.warmup(demos, sft)
         print(
             f"warm-up on {args.warmup_games} expert games: loss {losses[0]:.3f} -> {losses[-1]:.3f}"
         )

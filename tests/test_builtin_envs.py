@@ -71,33 +71,34 @@ def test_six_wrong_guesses_lose():
     assert "The word was CRANE" in results[-1].messages[0]["content"]
 
 
+def word_credit(word: str, answer: str) -> float:
+    """A new valid word's share of the partial credit (shaping 0.5, six guesses)."""
+    pattern = feedback(word, answer)
+    return 0.5 * (1 + pattern.count("G") + pattern.count("Y") / 2) / (6 * 6)
+
+
 def test_shaping_gives_partial_credit_for_a_loss():
     env = toolgym.make("Wordle-v0", shaping=0.5)
     env.reset(answer="crane")
-    play(env, "slate", "moist", "pudgy", "blimp", "woken", "fuzzy")
     words = ("slate", "moist", "pudgy", "blimp", "woken", "fuzzy")
-    letters = sum(
-        feedback(w, "crane").count("G") + feedback(w, "crane").count("Y") / 2 for w in words
-    )
-    assert env.get_reward() == pytest.approx(0.5 * letters / (5 * 6))
+    play(env, *words)
+    assert env.get_reward() == pytest.approx(sum(word_credit(w, "crane") for w in words))
+    assert 0 < env.get_reward() < 0.5
 
 
 def test_shaping_credits_an_unfinished_game_for_its_guesses_so_far():
     env = toolgym.make("Wordle-v0", shaping=0.5)
     env.reset(answer="crane")
-    play(env, "pudgy")
-    assert env.get_reward() == 0.0  # no letter in common
+    play(env, "pudgy")  # no letter in common: a valid new word still earns a little
+    assert env.get_reward() == pytest.approx(0.5 / 36)
     play(env, "slate")
-    pattern = feedback("slate", "crane")
-    first = 0.5 * (pattern.count("G") + pattern.count("Y") / 2) / (5 * 6)
+    first = word_credit("pudgy", "crane") + word_credit("slate", "crane")
     assert env.get_reward() == pytest.approx(first)
     play(env, "slate", "blah")  # a repeated word and an invalid one earn nothing
     assert env.get_reward() == pytest.approx(first)
-    play(env, "trace")  # a new word that reuses the letters found earns more
-    trace = feedback("trace", "crane")
-    assert env.get_reward() == pytest.approx(
-        first + 0.5 * (trace.count("G") + trace.count("Y") / 2) / (5 * 6)
-    )
+    play(env, "trace")  # a new word that reuses the letters found earns more than one without
+    assert word_credit("trace", "crane") > word_credit("slate", "crane") > 0.5 / 36
+    assert env.get_reward() == pytest.approx(first + word_credit("trace", "crane"))
     assert not env.done
 
 

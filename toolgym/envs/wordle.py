@@ -75,10 +75,11 @@ class Wordle(Environment):
 
     Reward is 1 for a win and 0 otherwise. With `shaping > 0`, a game not won (lost, or cut
     short by a turn or token limit) earns partial credit: `shaping` times the mean, over the
-    `max_guesses` guesses a game allows, of each valid guess's (greens + yellows / 2) / 5; a
-    guess not made, or a word guessed before, counts 0. Every new valid word adds credit, and
-    more for reusing letters the feedback showed to be in the word, so a model is rewarded for
-    the skills a win needs before it can win; a game cut short keeps only what it earned.
+    `max_guesses` guesses a game allows, of each valid guess's (1 + greens + yellows / 2) / 6;
+    a guess not made, or a word guessed before, counts 0. Every new valid word adds credit
+    (a sixth of a word's best even with no letter in common), and more for letters in the
+    word, so a model is rewarded for the skills a win needs before it can win: real words, no
+    repeats, letters found. A game cut short keeps only what it earned.
 
     Args:
         max_guesses: Valid guesses allowed per game.
@@ -145,8 +146,8 @@ class Wordle(Environment):
         if self.shaping == 0.0 or not self.history:
             return 0.0
         distinct = dict(self.history)  # one entry per word: a word guessed again earns nothing
-        letters = sum(p.count(GREEN) + p.count(YELLOW) / 2 for p in distinct.values())
-        return self.shaping * letters / (WORD_LENGTH * self.max_guesses)
+        credit = sum(1 + p.count(GREEN) + p.count(YELLOW) / 2 for p in distinct.values())
+        return self.shaping * credit / ((WORD_LENGTH + 1) * self.max_guesses)
 
 
 class WordleExpert:

@@ -141,7 +141,7 @@ def main() -> None:
         "--bf16",
         action=argparse.BooleanOptionalAction,
         default=fast_bf16(),
-        help="bfloat16 autocast in the updates (default: on where the hardware is fast at it)",
+        help="bfloat16 autocast in warm-up and GRPO updates (default: where the hardware has it)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-dir", default="runs/wordle")
@@ -169,7 +169,8 @@ def main() -> None:
         sft = SFTConfig(learning_rate=1e-4, micro_batch_size=8, bf16=args.bf16)
         losses = trainer.warmup(demos, sft)
         print(
-            f"warm-up on {args.warmup_games} expert games: loss {losses[0]:.3f} -> {losses[-1]:.3f}"
+            f"warm-up on {args.warmup_games} expert games{' (bf16)' if args.bf16 else ''}: "
+            f"loss {losses[0]:.3f} -> {losses[-1]:.3f}"
         )
     before = evaluate(trainer, "before GRPO")
     trainer.train()

@@ -64,28 +64,30 @@ def _tracker(name: str, output_dir: Path, config: dict[str, Any]) -> Any:
 
 
 def plot_rewards(history: list[dict[str, Any]], path: str | Path) -> Path:
-    """Reward and success rate over steps, written as a PNG."""
+    """Reward (its own scale: shaped rewards can be small or negative) and success rate (0 to 1)
+    over steps, in two panels of one PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    steps = [h["step"] for h in history if "reward" in h]
-    figure, axis = plt.subplots(figsize=(7, 4))
-    axis.plot(steps, [h["reward"] for h in history if "reward" in h], label="mean reward")
-    axis.plot(steps, [h["success_rate"] for h in history if "reward" in h], label="success rate")
+    steps = [h for h in history if "reward" in h]
     evals = [h for h in history if "eval/reward" in h]
+    figure, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(7, 5), height_ratios=(2, 1))
+    top.plot([h["step"] for h in steps], [h["reward"] for h in steps], label="mean reward")
     if evals:
-        axis.plot(
-            [h["step"] for h in evals],
-            [h["eval/reward"] for h in evals],
-            "o--",
-            label="eval reward",
-        )
-    axis.set_xlabel("step")
-    axis.set_ylim(-0.05, 1.05)
-    axis.legend()
-    axis.grid(alpha=0.3)
+        eval_steps = [h["step"] for h in evals]
+        top.plot(eval_steps, [h["eval/reward"] for h in evals], "o--", label="eval reward")
+    bottom.plot([h["step"] for h in steps], [h["success_rate"] for h in steps], color="C2")
+    top.set_ylabel("reward")
+    top.legend()
+    bottom.set_ylabel("success rate")
+    bottom.set_ylim(-0.05, 1.05)
+    bottom.set_xlabel("step")
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for axis in (top, bottom):
+        axis.grid(alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
     plt.close(figure)

@@ -105,10 +105,11 @@ def distinct_words(episodes: list) -> float:
     return statistics.mean(counts)
 
 
-def evaluate(trainer: GRPOTrainer, label: str) -> dict[str, dict]:
+def evaluate(trainer: GRPOTrainer, stage: str) -> dict[str, dict]:
     """Held-out games played greedily and sampled at the training temperature (the policy GRPO
-    actually optimises; greedy decoding can hide or exaggerate what changed)."""
-    stage = label.split()[0]  # "before" / "after"
+    actually optimises; greedy decoding can hide or exaggerate what changed). `stage` is
+    "before" or "after" (GRPO)."""
+    label = f"{stage} GRPO".ljust(len("before GRPO"))
     figures = {}
     for mode, temperature in (("greedy", 0.0), ("sampled", trainer.args.temperature)):
         samples = f"eval-{stage}-{mode}.jsonl"
@@ -172,9 +173,9 @@ def main() -> None:
             f"warm-up on {args.warmup_games} expert games{' (bf16)' if args.bf16 else ''}: "
             f"loss {losses[0]:.3f} -> {losses[-1]:.3f}"
         )
-    before = evaluate(trainer, "before GRPO")
+    before = evaluate(trainer, "before")
     trainer.train()
-    after = evaluate(trainer, "after GRPO ")
+    after = evaluate(trainer, "after")
     out = Path(args.output_dir)
     (out / "evaluation.json").write_text(json.dumps({"before": before, "after": after}, indent=2))
     print(

@@ -293,25 +293,22 @@ class GRPOTrainer:
     def _micro_step(self, batch: Any, normalizer: StepNormalizer) -> dict[str, float]:
         args = self.args
         mask, sampling_logprobs, _ = batch.targets()
-        device = batch.input_ids.device.type
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=args.bf16):
-            logprobs = token_logprobs(
-                self.model,
+
+        def logprobs_of(model: Any) -> torch.Tensor:
+            return token_logprobs(
+                model,
                 batch.input_ids,
                 batch.attention_mask,
                 args.logprob_chunk_size,
                 args.temperature,
             )
+
+        with torch.autocast(batch.input_ids.device.type, torch.bfloat16, enabled=args.bf16):
+            logprobs = logprobs_of(self.model)
             ref = None
             if self.ref_model is not None:
                 with torch.no_grad():
-                    ref = token_logprobs(
-                        self.ref_model,
-                        batch.input_ids,
-                        batch.attention_mask,
-                        args.logprob_chunk_size,
-                        args.temperature,
-                    )
+                    ref = logprobs_of(self.ref_model)
         loss, stats = policy_loss(
             logprobs,
             logprobs.detach(),

@@ -8,16 +8,17 @@ from hypothesis import strategies as st
 
 from toolgym import MalformedToolCall, ToolCall
 from toolgym.agents.parsers import (
+    FORMATS,
     PARSERS,
     ParsedMessage,
     detect_parser,
     get_parser,
-    parse_hermes,
-    parse_llama3,
-    parse_mistral,
-    parse_qwen3_coder,
+    type_arguments,
 )
 from toolgym.testing import tiny_tokenizer
+
+parse_hermes, parse_llama3 = PARSERS["hermes"], PARSERS["llama3"]
+parse_mistral, parse_qwen3_coder = PARSERS["mistral"], PARSERS["qwen3_coder"]
 
 
 def calls(parsed: ParsedMessage) -> list:
@@ -77,16 +78,35 @@ def test_qwen3_coder_xml():
     )
     parsed = parse_qwen3_coder(text)
     assert parsed.content == "Sure."
-    assert calls(parsed) == [("search", {"query": "red shoes", "limit": 5, "tags": ["a", "b"]})]
-    assert calls(parse_qwen3_coder("<tool_call><parameter=x>1</parameter></tool_call>")) == [
-        "malformed"
-    ]
+    assert calls(parsed) == [("search", {"query": "red shoes", "limit": "5", "tags": '["a", "b"]'})]
+    schema = {"limit": {"type": "integer"}, "tags": {"type": "array"}, "query": {"type": "string"}}
+    typed = type_arguments(parsed, [_tool("search", schema)])
+    assert calls(typed) == [("search", {"query": "red shoes", "limit": 5, "tags": ["a", "b"]})]
+    assert calls(parse_qwen3_coder("<tool_call><function=f><parameter=x>1")) == ["malformed"]
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_every_format_reads_its_own_example_and_reports_a_cut_call(name):
+    fmt = FORMATS[name]
+    parsed = type_arguments(PARSERS[name](fmt.example), [_tool("f", {"x": {"type": "integer"}})])
+    assert [(c.name, c.arguments.get("x")) for c in parsed.tool_calls] == [("f", 1)]
+    assert not parsed.failures
+    for end in range(len(fmt.example)):  # cut by the token limit: malformed, absent, or whole
+        cut = PARSERS[name](fmt.example[:end])
+        valid = [(c.name, c.arguments) for c in cut.tool_calls if isinstance(c, ToolCall)]
+        assert valid in ([], [("f", {"x": 1})], [("f", {"x": "1"})]), (end, cut)
 
 
 @settings(max_examples=300, deadline=None)
 @given(
     st.one_of(
         st.text(max_size=200),
+        st.builds(
+            lambda examples, noise, cut: (noise.join(examples))[:cut],
+            st.lists(st.sampled_from([f.example for f in FORMATS.values()]), max_size=3),
+            st.sampled_from(["", " ", "\n", "<", '"', "}", "]", "<|", "|>", "x"]),
+            st.integers(min_value=0, max_value=300),
+        ),
         st.builds(
             lambda name, args, cut: (
                 f'<tool_call>{{"name": "{name}", "arguments": {args}}}</tool_call>'
@@ -99,10 +119,75 @@ def test_qwen3_coder_xml():
     )
 )
 def test_no_parser_raises_on_random_or_truncated_text(text):
+    """Every parser, built in or alias, on random text and on cut or mixed calls of every
+    format."""
     for parser in PARSERS.values():
         parsed = parser(text)
-        assert isinstance(parsed.content, str)
+        assert isinstance(parsed.content, str) and isinstance(parsed.reasoning, str)
         assert all(isinstance(c, (ToolCall, MalformedToolCall)) for c in parsed.tool_calls)
+
+
+def test_several_calls_in_one_message_for_each_family():
+    cases = {
+        "pythonic": "<|tool_call_start|>[f(x=1), g(s='a b')]<|tool_call_end|>",
+        "gemma4": "<|tool_call>call:f{x:1}<tool_call|>"
+        '<|tool_call>call:g{s:<|"|>a b<|"|>}<tool_call|>',
+        "glm": "<tool_call>f<arg_key>x</arg_key><arg_value>1</arg_value></tool_call>"
+        "<tool_call>g<arg_key>s</arg_key><arg_value>a b</arg_value></tool_call>",
+        "invoke": '<invoke name="f"><parameter name="x">1</parameter></invoke>'
+        '<invoke name="g"><parameter name="s">a b</parameter></invoke>',
+        "deepseek": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{"x": 1}'
+        '<｜tool▁call▁end｜><｜tool▁call▁begin｜>g<｜tool▁sep｜>{"s": "a b"}<｜tool▁call▁end｜>',
+        "kimi_k2": '<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{"x": 1}'
+        "<|tool_call_end|><|tool_call_begin|>functions.g:1<|tool_call_argument_begin|>"
+        '{"s": "a b"}<|tool_call_end|>',
+        "harmony": "<|channel|>analysis<|message|>Two calls.<|end|><|start|>assistant<|channel|>"
+        'commentary to=functions.f <|constrain|>json<|message|>{"x": 1}<|call|>'
+        '<|start|>assistant<|channel|>commentary to=functions.g<|message|>{"s": "a b"}',
+    }
+    tools = [_tool("f", {"x": {"type": "integer"}}), _tool("g", {"s": {"type": "string"}})]
+    for name, text in cases.items():
+        parsed = type_arguments(PARSERS[name](text), tools)
+        assert calls(parsed) == [("f", {"x": 1}), ("g", {"s": "a b"})], name
+    assert PARSERS["harmony"](cases["harmony"]).reasoning == "Two calls."
+
+
+def test_arguments_typed_by_the_schema_and_left_alone_where_it_says_string():
+    parsed = PARSERS["glm"](
+        "<tool_call>f<arg_key>n</arg_key><arg_value>2</arg_value><arg_key>s</arg_key>"
+        "<arg_value>2</arg_value><arg_key>b</arg_key><arg_value>true</arg_value>"
+        '<arg_key>o</arg_key><arg_value>{"k": [1]}</arg_value><arg_key>bad</arg_key>'
+        "<arg_value>two</arg_value></tool_call>"
+    )
+    schema = {
+        "n": {"type": "integer"},
+        "s": {"type": "string"},
+        "b": {"type": "boolean"},
+        "o": {"anyOf": [{"type": "object"}, {"type": "null"}]},
+        "bad": {"type": "integer"},
+    }
+    typed = type_arguments(parsed, [_tool("f", schema)])
+    assert calls(typed) == [("f", {"n": 2, "s": "2", "b": True, "o": {"k": [1]}, "bad": "two"})]
+    assert calls(PARSERS["pythonic"]("[f(s='2', n=2)]")) == [("f", {"s": "2", "n": 2})]
+
+
+def test_reasoning_is_split_from_content_and_calls():
+    parsed = PARSERS["hermes"](
+        'Let me think.\n</think>\n\nSure.<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+    )
+    assert (parsed.reasoning, parsed.content, calls(parsed)) == (
+        "Let me think.",
+        "Sure.",
+        [("f", {})],
+    )
+    parsed = PARSERS["xml_function"]("<think>a <tool_call> inside</think>no call")
+    assert (parsed.reasoning, parsed.content, parsed.tool_calls) == (
+        "a <tool_call> inside",
+        "no call",
+        [],
+    )
+    gemma = PARSERS["gemma4"]("<|channel>thought\nplan<channel|>Done.")
+    assert (gemma.reasoning, gemma.content) == ("plan", "Done.")
 
 
 def test_get_parser_by_name_callable_and_unknown():
@@ -156,5 +241,19 @@ def test_auto_detection_from_the_chat_template(template, expected):
 def test_auto_detection_failure_says_what_the_template_rendered():
     tokenizer = tiny_tokenizer()
     tokenizer.chat_template = "{%- for m in messages -%}{{ m.content }}{%- endfor -%}"
-    with pytest.raises(ValueError, match="could not tell this chat template's tool-call format"):
+    with pytest.raises(ValueError, match="does not write tool calls"):
         detect_parser(tokenizer)
+    tokenizer.chat_template = (
+        "{%- for m in messages -%}{{ m.content }}{%- for c in m.tool_calls or [] -%}"
+        "CALL {{ c.function.name }} WITH {{ c.function.arguments | tojson }}"
+        "{%- endfor -%}{%- endfor -%}"
+    )
+    with pytest.raises(
+        ValueError, match=r"(?s)none of the parsers .*hermes.*CALL get_weather WITH"
+    ):
+        detect_parser(tokenizer)
+
+
+def _tool(name: str, properties: dict) -> dict:
+    parameters = {"type": "object", "properties": properties}
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}

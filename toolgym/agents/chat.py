@@ -47,11 +47,15 @@ class ChatRenderer:
     Args:
         tokenizer: A transformers tokenizer with a chat template.
         chat_template: A template to use instead of the tokenizer's own.
+        template_kwargs: Extra template variables for every rendering (`enable_thinking`, ...).
     """
 
-    def __init__(self, tokenizer: Any, chat_template: str | None = None) -> None:
+    def __init__(
+        self, tokenizer: Any, chat_template: str | None = None, **template_kwargs: Any
+    ) -> None:
         self.tokenizer = tokenizer
         self.chat_template = chat_template
+        self.template_kwargs = template_kwargs
         # GRPO groups share prompts, and every tool turn shares its head: cache both.
         self._encode = functools.lru_cache(maxsize=1024)(_encoder(tokenizer))
         self._heads: dict[str, str] = {}
@@ -72,6 +76,7 @@ class ChatRenderer:
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
             chat_template=self.chat_template,
+            **self.template_kwargs,
         )
 
     def encode(self, text: str) -> list[int]:

@@ -18,7 +18,7 @@ from typing import Any
 
 from toolgym.agents.chat import ChatRenderer
 from toolgym.agents.engines.base import Completion, Engine, GenerationRequest, SamplingParams
-from toolgym.agents.parsers import Parser, get_parser
+from toolgym.agents.parsers import ParsedMessage, Parser, get_parser, type_arguments
 from toolgym.agents.trajectory import Status, Trajectory
 from toolgym.envs.adapter import as_environment
 from toolgym.envs.core import Environment, run_coroutine
@@ -121,6 +121,8 @@ class Agent:
         limits: Per-episode limits.
         sampling: Temperature and top-p (max_tokens and stop ids are set per turn).
         chat_template: A chat template to use instead of the tokenizer's.
+        chat_template_kwargs: Extra variables for every rendering of the template, e.g.
+            `{"enable_thinking": False}`; detection (`parser="auto"`) renders with them too.
         batch_wait: Longest time (seconds) a generation request waits for other episodes to
             join its batch; episodes still running tools after it are not waited for.
         tool_threads: Threads for sync tools and `reset` in `run` (with `arun`, they run in
@@ -133,12 +135,18 @@ class Agent:
     limits: AgentLimits = field(default_factory=AgentLimits)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     batch_wait: float = 0.01
     tool_threads: int = 64
 
     def __post_init__(self) -> None:
-        self.renderer = ChatRenderer(self.tokenizer, self.chat_template)
-        self.parse: Parser = get_parser(self.parser, self.tokenizer)
+        self.renderer = ChatRenderer(
+            self.tokenizer, self.chat_template, **self.chat_template_kwargs
+        )
+        template = {"chat_template": self.chat_template} if self.chat_template else {}
+        self.parse: Parser = get_parser(
+            self.parser, self.tokenizer, **template, **self.chat_template_kwargs
+        )
         # One long-lived thread for the engine: torch keeps its thread pool warm there.
         self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="toolgym-engine")
 
@@ -241,7 +249,7 @@ class Episode:
             self.metrics["turns"] += 1
             trajectory.append(completion.token_ids, sampled=True, logprobs=completion.logprobs)
             text = self._decode(completion)
-            parsed = self.agent.parse(text)
+            parsed = type_arguments(self.agent.parse(text), tools)
             self.metrics["parse_failures"] += parsed.failures
             trajectory.messages.append(_assistant_message(text, parsed))
             if completion.finish_reason == "length":
@@ -361,14 +369,20 @@ def _prompt_messages(prompt: Any, first_observation: str | None) -> list[dict[st
     return messages
 
 
-def _assistant_message(text: str, parsed: Any) -> dict[str, Any]:
-    """The assistant turn as written (content is the raw text, calls included) plus its calls."""
+def _assistant_message(text: str, parsed: ParsedMessage) -> dict[str, Any]:
+    """The assistant turn as a chat message: its content without reasoning or call markup, its
+    reasoning (`reasoning_content`, when it wrote any), the calls read as valid, and the text
+    exactly as sampled (`raw_content`, malformed calls included)."""
     calls = [
         {"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
         for c in parsed.tool_calls
         if hasattr(c, "name")
     ]
-    return {"role": "assistant", "content": text, "tool_calls": calls}
+    message: dict[str, Any] = {"role": "assistant", "content": parsed.content, "tool_calls": calls}
+    if parsed.reasoning:
+        message["reasoning_content"] = parsed.reasoning
+    message["raw_content"] = text
+    return message
 
 
 def _is_plain(value: Any) -> bool:

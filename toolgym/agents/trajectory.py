@@ -30,7 +30,8 @@ class Trajectory:
         completion_ids: Model tokens and observation (tool-result) tokens, interleaved.
         loss_mask: 1 on tokens the model sampled, 0 on observation tokens.
         logprobs: The engine's logprob of each sampled token; 0.0 on observation tokens.
-        messages: The conversation: prompt messages, then assistant and tool messages.
+        messages: The conversation: prompt messages, then assistant and tool messages (assistant
+            turns: parsed `content`, `reasoning_content`, `tool_calls`, and `raw_content`).
         reward: The episode reward (the environment's unless reward functions replace it).
         rewards: Named reward components (e.g. per reward function).
         status: How the episode ended; one of `STATUSES`.
@@ -61,12 +62,15 @@ class Trajectory:
     def template_messages(self) -> list[dict[str, Any]]:
         """The messages as the chat template should render them to reproduce the tokens.
 
-        Assistant `content` holds the raw text the model wrote, tool calls included; its
-        `tool_calls` list the parsed calls for readers. Rendering both would write the calls
-        twice, so this view drops `tool_calls` from assistant turns.
+        Assistant turns carry the parsed `content`, `reasoning_content` and `tool_calls` for
+        readers and reward functions, and `raw_content`, the text the model wrote. This view
+        renders each assistant turn as that raw text alone (the template must not write the
+        calls a second time).
         """
         return [
-            {k: v for k, v in m.items() if k != "tool_calls"} if m["role"] == "assistant" else m
+            {"role": "assistant", "content": m.get("raw_content", m["content"])}
+            if m["role"] == "assistant"
+            else m
             for m in self.messages
         ]
 

@@ -1,0 +1,155 @@
+"""The table of tool-call formats: each format's parser, the families that write it, and an
+example; `PARSERS` maps every name and alias to its parser."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from toolgym.agents.parsers.base import ParsedMessage, Parser, first_of, split_reasoning
+from toolgym.agents.parsers.call_syntax import parse_gemma4, parse_pythonic
+from toolgym.agents.parsers.json_formats import (
+    parse_apertus,
+    parse_deepseek,
+    parse_functionary,
+    parse_harmony,
+    parse_hermes,
+    parse_kimi_k2,
+    parse_llama3,
+    parse_mistral,
+    parse_solar,
+    tagged_json,
+)
+from toolgym.agents.parsers.xml_formats import parse_glm, parse_invoke, parse_xml_function
+
+
+@dataclass(frozen=True)
+class Format:
+    """One tool-call format: its parser, the model families that write it, an example."""
+
+    parser: Parser
+    families: str
+    example: str
+
+
+FORMATS: dict[str, Format] = {
+    "hermes": Format(
+        parse_hermes,
+        "Hermes 2/3, Qwen2.5, Qwen3 (to 2507), QwQ, Granite 4, MiMo, SmolLM2 (toolgym's template)",
+        '<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>',
+    ),
+    "xml_function": Format(
+        parse_xml_function,
+        "Qwen3-Coder, Qwen3.5/3.6, Nemotron 3, Seed-OSS, StepFun 3.5",
+        "<tool_call><function=f><parameter=x>1</parameter></function></tool_call>",
+    ),
+    "glm": Format(
+        parse_glm,
+        "GLM-4.5/4.6/4.7, Laguna, Ling 3, Spark, Hunyuan Hy3",
+        "<tool_call>f<arg_key>x</arg_key><arg_value>1</arg_value></tool_call>",
+    ),
+    "invoke": Format(
+        parse_invoke,
+        "MiniMax-M2, DeepSeek V3.2/V4 (DSML), Muse Glimmer, MiniCPM5",
+        '<invoke name="f"><parameter name="x">1</parameter></invoke>',
+    ),
+    "gemma4": Format(
+        parse_gemma4, "Gemma 4, DiffusionGemma", '<|tool_call>call:f{x:1,s:<|"|>a<|"|>}<tool_call|>'
+    ),
+    "pythonic": Format(
+        parse_pythonic,
+        "LFM2 / LFM2.5, Llama 4",
+        "<|tool_call_start|>[f(x=1)]<|tool_call_end|>",
+    ),
+    "llama3": Format(
+        parse_llama3, "Llama 3.1 / 3.2 / 3.3", '{"name": "f", "parameters": {"x": 1}}'
+    ),
+    "mistral": Format(
+        parse_mistral,
+        "Mistral, Ministral 3, Devstral, Mistral Small 3.2",
+        '[TOOL_CALLS]f[ARGS]{"x": 1}',
+    ),
+    "deepseek": Format(
+        parse_deepseek,
+        "DeepSeek V3, V3.1, R1 (tool-call blocks)",
+        '<｜tool▁call▁begin｜>f<｜tool▁sep｜>{"x": 1}<｜tool▁call▁end｜>',
+    ),
+    "kimi_k2": Format(
+        parse_kimi_k2,
+        "Kimi-K2 Instruct / Thinking",
+        '<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{"x": 1}<|tool_call_end|>',
+    ),
+    "harmony": Format(
+        parse_harmony,
+        "gpt-oss",
+        'to=functions.f<|channel|>commentary json<|message|>{"x": 1}<|call|>',
+    ),
+    "tool_calls_json": Format(
+        tagged_json("<tool_calls>", "</tool_calls>"),
+        "MiniMax-M1, Apriel",
+        '<tool_calls>[{"name": "f", "arguments": {"x": 1}}]</tool_calls>',
+    ),
+    "nemotron_v2": Format(
+        tagged_json("<TOOLCALL>", "</TOOLCALL>"),
+        "Nemotron Nano v2",
+        '<TOOLCALL>[{"name": "f", "arguments": {"x": 1}}]</TOOLCALL>',
+    ),
+    "granite": Format(
+        tagged_json("<|tool_call|>", None),
+        "Granite 3.x",
+        '<|tool_call|>[{"name": "f", "arguments": {"x": 1}}]',
+    ),
+    "cohere": Format(
+        tagged_json("<|START_ACTION|>", "<|END_ACTION|>", ("tool_name",)),
+        "Command R7B, Command A",
+        '<|START_ACTION|>[{"tool_name": "f", "parameters": {"x": 1}}]<|END_ACTION|>',
+    ),
+    "gigachat": Format(
+        first_of(
+            tagged_json("<|function_call|>", None),
+            tagged_json("function call<|role_sep|>", "<|message_sep|>"),
+        ),
+        "GigaChat 3, 3.1",
+        '<|function_call|>{"name": "f", "arguments": {"x": 1}}',
+    ),
+    "functionary": Format(parse_functionary, "Functionary v3.1", '<function=f>{"x": 1}</function>'),
+    "apertus": Format(
+        parse_apertus, "Apertus", '<|tools_prefix|>[{"f": {"x": 1}}]<|tools_suffix|>'
+    ),
+    "solar": Format(
+        parse_solar,
+        "Solar Open",
+        '<|tool_call:begin|>id<|tool_call:name|>f<|tool_call:args|>{"x": 1}<|tool_call:end|>',
+    ),
+}
+
+_ALIASES = {
+    "qwen3_coder": "xml_function",
+    "qwen3_xml": "xml_function",
+    "glm45": "glm",
+    "minimax_m2": "invoke",
+    "lfm2": "pythonic",
+    "llama4": "pythonic",
+    "deepseek_v3": "deepseek",
+    "deepseek_v31": "deepseek",
+    "gpt_oss": "harmony",
+}
+_OWN_REASONING = {"harmony", "gemma4"}
+
+
+def _with_think_block(parser: Parser) -> Parser:
+    def parse(text: str) -> ParsedMessage:
+        reasoning, rest = split_reasoning(text)
+        parsed = parser(rest)
+        if reasoning:
+            parsed.reasoning = "\n".join(r for r in (reasoning, parsed.reasoning) if r)
+        return parsed
+
+    parse.__doc__, parse.__name__ = parser.__doc__, getattr(parser, "__name__", "parse")
+    return parse
+
+
+PARSERS: dict[str, Parser] = {
+    name: fmt.parser if name in _OWN_REASONING else _with_think_block(fmt.parser)
+    for name, fmt in FORMATS.items()
+}
+PARSERS.update({alias: PARSERS[target] for alias, target in _ALIASES.items()})

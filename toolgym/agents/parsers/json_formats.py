@@ -1,0 +1,230 @@
+"""Formats whose arguments are a JSON object: tagged JSON blocks, bare JSON, and formats that
+write the tool's name between marker tokens before its JSON arguments."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from toolgym.agents.parsers.base import (
+    AnyCall,
+    ParsedMessage,
+    Parser,
+    before,
+    blocks,
+    dict_call,
+    json_arguments_call,
+    json_call,
+    split_top_level,
+)
+from toolgym.envs.core import MalformedToolCall
+
+
+def tagged_json(start: str, end: str | None, name_keys: tuple[str, ...] = ("name",)) -> Parser:
+    """Calls written as JSON between `start` and `end` (`None`: to the end of the message): one
+    object, a list of objects, or one object per line. Text before the first block is content.
+    """
+
+    def parse(text: str) -> ParsedMessage:
+        if start not in text:
+            return ParsedMessage(text.strip())
+        calls: list[AnyCall] = []
+        for body, _closed in blocks(text, start, end or "\0"):
+            calls.extend(_json_calls(body.strip(), name_keys))
+        return ParsedMessage(before(text, start), calls)
+
+    return parse
+
+
+def _json_calls(body: str, name_keys: tuple[str, ...]) -> list[AnyCall]:
+    try:
+        decoded = json.loads(body)
+    except json.JSONDecodeError:
+        lines = [line for line in body.splitlines() if line.strip()]
+        if len(lines) > 1 and all(line.lstrip().startswith("{") for line in lines):
+            return [json_call(line.strip(), name_keys) for line in lines]
+        return [json_call(body, name_keys)]  # reports the JSON error
+    items = decoded if isinstance(decoded, list) else [decoded]
+    if not items:
+        return [MalformedToolCall(body, "an empty list of tool calls")]
+    return [dict_call(item, json.dumps(item), name_keys) for item in items]
+
+
+parse_hermes = tagged_json("<tool_call>", "</tool_call>")
+parse_hermes.__doc__ = "`<tool_call>{json}</tool_call>` blocks (Hermes, Qwen2.5, Qwen3, Granite 4)."
+
+
+def parse_llama3(text: str) -> ParsedMessage:
+    """A message that is one or more JSON calls (`;`-separated), maybe after `<|python_tag|>`."""
+    body = text.strip()
+    tagged = body.startswith("<|python_tag|>")
+    body = body.removeprefix("<|python_tag|>").strip()
+    if not body.startswith("{"):
+        return ParsedMessage(text.strip())
+    pieces = [p.strip() for p in split_top_level(body, ";") if p.strip()]
+    calls = [json_call(piece) for piece in pieces]
+    if not tagged and all(isinstance(c, MalformedToolCall) for c in calls):
+        return ParsedMessage(text.strip())  # prose in braces, not an attempted call
+    return ParsedMessage("", calls)
+
+
+_MISTRAL = "[TOOL_CALLS]"
+
+
+def parse_mistral(text: str) -> ParsedMessage:
+    """`[TOOL_CALLS]` then a JSON list, or `name[ARGS]{json}` (with `[CALL_ID]id` optional)."""
+    if _MISTRAL not in text:
+        return ParsedMessage(text.strip())
+    content, _, rest = text.partition(_MISTRAL)
+    rest = rest.strip()
+    if rest.startswith("["):
+        return ParsedMessage(content.strip(), _json_calls(rest, ("name",)))
+    calls: list[AnyCall] = []
+    for chunk in rest.split(_MISTRAL):
+        head, marker, arguments = chunk.partition("[ARGS]")
+        name = head.split("[CALL_ID]", 1)[0]
+        if not marker:
+            calls.append(MalformedToolCall(chunk, "expected name[ARGS]{...}"))
+            continue
+        calls.append(json_arguments_call(name, arguments, chunk))
+    return ParsedMessage(content.strip(), calls)
+
+
+_DEEPSEEK_CALLS = "<｜tool▁calls▁begin｜>"
+_DEEPSEEK_CALL = ("<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>")
+_DEEPSEEK_SEP = "<｜tool▁sep｜>"
+_FENCED = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*(?:```\s*)?$", re.DOTALL)
+
+
+def parse_deepseek(text: str) -> ParsedMessage:
+    """DeepSeek V3 (`function<sep>NAME` then fenced JSON) and V3.1 (`NAME<sep>JSON`)."""
+    start = _DEEPSEEK_CALLS if _DEEPSEEK_CALLS in text else _DEEPSEEK_CALL[0]
+    if start not in text:
+        return ParsedMessage(text.strip())
+    calls: list[AnyCall] = []
+    for body, closed in blocks(text, *_DEEPSEEK_CALL):
+        first, separator, rest = body.partition(_DEEPSEEK_SEP)
+        if not separator:
+            calls.append(MalformedToolCall(body, f"expected NAME{_DEEPSEEK_SEP}{{arguments}}"))
+            continue
+        if first.strip() == "function" and "\n" in rest:  # V3: the name, then fenced JSON
+            name, _, arguments = rest.partition("\n")
+            fenced = _FENCED.match(arguments)
+            arguments = fenced.group(1) if fenced else arguments
+        else:
+            name, arguments = first, rest
+        calls.append(json_arguments_call(name, arguments, body, closed))
+    if not calls:
+        calls.append(MalformedToolCall(text, "tool-call block without a call"))
+    return ParsedMessage(before(text, start), calls)
+
+
+_KIMI_SECTION = "<|tool_calls_section_begin|>"
+_KIMI_CALL = ("<|tool_call_begin|>", "<|tool_call_end|>")
+_KIMI_ARGUMENTS = "<|tool_call_argument_begin|>"
+_KIMI_NAME = re.compile(r"^\s*(?:functions\.)?(.+?)(?::\d+)?\s*$", re.DOTALL)
+
+
+def parse_kimi_k2(text: str) -> ParsedMessage:
+    """Kimi-K2: `<|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>{json}`."""
+    start = _KIMI_SECTION if _KIMI_SECTION in text else _KIMI_CALL[0]
+    if start not in text:
+        return ParsedMessage(text.strip())
+    calls: list[AnyCall] = []
+    for body, closed in blocks(text, *_KIMI_CALL):
+        head, separator, arguments = body.partition(_KIMI_ARGUMENTS)
+        match = _KIMI_NAME.match(head)
+        if not separator or match is None:
+            calls.append(MalformedToolCall(body, f"expected functions.NAME:0{_KIMI_ARGUMENTS}"))
+            continue
+        calls.append(json_arguments_call(match.group(1), arguments, body, closed))
+    if not calls:
+        calls.append(MalformedToolCall(text, "tool-call section without a call"))
+    return ParsedMessage(before(text, start), calls)
+
+
+_SOLAR_CALL = ("<|tool_call:begin|>", "<|tool_call:end|>")
+_SOLAR_PARTS = re.compile(r"<\|tool_call:name\|>(.*?)<\|tool_call:args\|>(.*)", re.DOTALL)
+
+
+def parse_solar(text: str) -> ParsedMessage:
+    """Solar Open: `<|tool_call:begin|>ID<|tool_call:name|>NAME<|tool_call:args|>{json}`."""
+    if _SOLAR_CALL[0] not in text:
+        return ParsedMessage(text.strip())
+    calls: list[AnyCall] = []
+    for body, closed in blocks(text, *_SOLAR_CALL):
+        match = _SOLAR_PARTS.search(body)
+        if match is None:
+            calls.append(
+                MalformedToolCall(body, "expected <|tool_call:name|>NAME<|tool_call:args|>")
+            )
+            continue
+        calls.append(json_arguments_call(match.group(1), match.group(2), body, closed))
+    content = before(text, "<|tool_calls|>" if "<|tool_calls|>" in text else _SOLAR_CALL[0])
+    return ParsedMessage(content, calls)
+
+
+_FUNCTIONARY = re.compile(r"<function=([^>\n]*)>(.*?)(</function>|\Z)", re.DOTALL)
+
+
+def parse_functionary(text: str) -> ParsedMessage:
+    """Functionary v3.1 / Llama 3.1 custom: `<function=NAME>{json}</function>`."""
+    calls = [
+        json_arguments_call(name, arguments, match.group(0), bool(closing))
+        for match in _FUNCTIONARY.finditer(text)
+        for name, arguments, closing in [match.groups()]
+        if not arguments.lstrip().startswith("<parameter")
+    ]
+    return ParsedMessage(before(text, "<function=") if calls else text.strip(), calls)
+
+
+def parse_apertus(text: str) -> ParsedMessage:
+    """Apertus: `<|tools_prefix|>[{"NAME": {arguments}}, ...]<|tools_suffix|>`."""
+    start = "<|tools_prefix|>"
+    if start not in text:
+        return ParsedMessage(text.strip())
+    calls: list[AnyCall] = []
+    for body, _closed in blocks(text, start, "<|tools_suffix|>"):
+        try:
+            items = json.loads(body)
+        except json.JSONDecodeError as error:
+            calls.append(MalformedToolCall(body, f"invalid JSON ({error.msg})"))
+            continue
+        for item in items if isinstance(items, list) else [items]:
+            if isinstance(item, dict) and len(item) == 1:
+                [(name, arguments)] = item.items()
+                calls.append(dict_call({"name": name, "arguments": arguments}, json.dumps(item)))
+            else:
+                calls.append(MalformedToolCall(json.dumps(item), 'expected {"NAME": {...}}'))
+    return ParsedMessage(before(text, start), calls)
+
+
+_HARMONY_CALL = re.compile(
+    r"to=functions\.([^\s<]+)[^<]*(?:<\|(?:channel|constrain)\|>[^<]*)*<\|message\|>(.*?)"
+    r"(<\|call\|>|<\|end\|>|\Z)",
+    re.DOTALL,
+)
+_HARMONY_MESSAGE = re.compile(
+    r"<\|channel\|>(analysis|final|commentary)(?:(?!<\|message\|>).)*<\|message\|>(.*?)"
+    r"(?=<\|end\|>|<\|start\|>|<\|call\|>|<\|return\|>|\Z)",
+    re.DOTALL,
+)
+
+
+def parse_harmony(text: str) -> ParsedMessage:
+    """gpt-oss harmony: `to=functions.NAME ... <|message|>{json}<|call|>`; the analysis channel
+    is reasoning, the final channel is content."""
+    calls: list[AnyCall] = [
+        json_arguments_call(name, arguments, match.group(0), bool(closing))
+        for match in _HARMONY_CALL.finditer(text)
+        for name, arguments, closing in [match.groups()]
+    ]
+    reasoning, content = [], []
+    for channel, body in _HARMONY_MESSAGE.findall(text):
+        if channel == "analysis":
+            reasoning.append(body.strip())
+        elif channel == "final":
+            content.append(body.strip())
+    if not calls and not reasoning and not content:
+        return ParsedMessage(text.strip())
+    return ParsedMessage("\n".join(content), calls, "\n".join(reasoning))

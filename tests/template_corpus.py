@@ -24,6 +24,7 @@ TEMPLATES = sorted(TEMPLATE_DIR.glob("*/*.jinja"))
 _SPECIAL = re.compile(
     r"<\|[^|<>\s'\"]{1,40}\|>|<\|[\w\"]{1,30}>|<[\w\"]{1,30}\|>|<｜[^<>｜]{1,40}｜>"
     r"|\[[A-Z_]{3,30}\]|<(?:start|end)_of_turn>|<seed:[a-z_]+>|<end_of_sentence>|<SPECIAL_\d+>"
+    r"|\[e~\[|\]~b\]|<sep>|</?assistant>"
 )
 
 
@@ -36,7 +37,7 @@ def template_tokenizer(path: Path) -> Any:
     """The tiny tokenizer with `path`'s template and its special markers."""
     template = path.read_text()
     tokenizer = tiny_tokenizer()
-    markers = sorted(set(_SPECIAL.findall(template)) - {"<|im_end|>", "<|im_start|>"})
+    markers = sorted(set(_SPECIAL.findall(template)))
     tokenizer.add_special_tokens(
         {"bos_token": "<s>", "eos_token": "</s>", "additional_special_tokens": markers}
     )

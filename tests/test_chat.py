@@ -33,13 +33,17 @@ DROPS_EARLIER_REASONING = (
 )
 
 
-def test_a_template_that_rewrites_earlier_turns_is_refused_with_the_place():
+def test_a_template_that_rewrites_earlier_turns_trains_one_sample_per_turn():
     tokenizer = tiny_tokenizer()
     tokenizer.chat_template = DROPS_EARLIER_REASONING.replace("'</think>'", "'k'")
-    with pytest.raises(
-        TemplateError, match=r"not prefix-preserving: adding a (tool|assistant) turn"
-    ):
-        ChatRenderer(tokenizer)
+    renderer = ChatRenderer(tokenizer)
+    assert renderer.per_turn and not renderer.prefix_report.prefix_preserving
+    report = renderer.prefix_report.describe()
+    assert "a bare tool call: prefix-preserving" in report
+    assert "text beside it: NOT prefix-preserving: adding the tool result changes" in report
+    with pytest.raises(TemplateError, match="per_turn=False needs a prefix-preserving"):
+        ChatRenderer(tokenizer, per_turn=False)
+    assert not ChatRenderer(tiny_tokenizer()).per_turn
 
 
 def test_a_template_without_a_special_end_of_turn_is_refused():

@@ -129,3 +129,58 @@ def test_chunked_logprobs_equal_full_logits_and_ignore_observation_tokens():
     mask, _, tokens = batch.targets()
     assert tokens == 9  # only sampled tokens: not the prompt, not the 4 observation tokens
     assert mask[0, 7 + 6 - 1 : 7 + 6 + 4 - 1].sum() == 0
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo", "bnpo"])
+def test_per_turn_samples_give_the_single_sequence_loss_where_both_apply(loss_type):
+    """On a prefix-preserving template an episode can be trained as one sequence or as one
+    sample per turn; both must give the same loss and the same gradient."""
+    from helpers import GUESS, ids, wordle_rows
+
+    import toolgym
+    from toolgym.agents import Agent, ScriptedEngine
+
+    tokenizer = tiny_tokenizer()
+    replies = [GUESS.format(word=w) for w in ("slate", "moist", "crane")]
+
+    def play(per_turn: bool) -> Trajectory:
+        engine = ScriptedEngine([ids(tokenizer, r) for r in replies])
+        agent = Agent(engine, tokenizer, parser="hermes", per_turn=per_turn)
+        (trajectory,) = agent.run([toolgym.make("Wordle-v0")], wordle_rows(1))
+        return trajectory
+
+    whole, per_turn = play(False), play(True)
+    sequence = whole.prompt_ids + whole.completion_ids
+    assert len(per_turn.turns) == 3
+    for sample in per_turn.samples():  # each turn's prompt is the sequence so far
+        prefix = sample.prompt_ids + sample.completion_ids
+        assert sequence[: len(prefix)] == prefix
+    model = tiny_model(tokenizer, seed=5)
+
+    def loss_and_grad(trajectory: Trajectory) -> tuple[float, torch.Tensor]:
+        batch = collate([trajectory], tokenizer.pad_token_id, advantages=[0.7])
+        mask, sampling, tokens = batch.targets()
+        logprobs = token_logprobs(model, batch.input_ids, batch.attention_mask)
+        normalizer = StepNormalizer(
+            sequences=1, tokens=float(tokens), micro_batches=1, max_tokens=512
+        )
+        loss, _ = policy_loss(
+            logprobs,
+            logprobs.detach(),
+            batch.advantages,
+            mask,
+            normalizer,
+            loss_type=loss_type,
+            sampling_logprobs=sampling,
+            importance_cap=2.0,
+            episode_tokens=batch.episode_tokens,
+        )
+        model.zero_grad()
+        loss.backward()
+        grad = model.get_input_embeddings().weight.grad.clone()
+        return loss.item(), grad
+
+    whole_loss, whole_grad = loss_and_grad(whole)
+    turn_loss, turn_grad = loss_and_grad(per_turn)
+    assert turn_loss == pytest.approx(whole_loss, rel=1e-5)
+    assert torch.allclose(turn_grad, whole_grad, atol=1e-6)

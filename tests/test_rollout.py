@@ -270,3 +270,54 @@ def test_hf_engine_update_weights_loads_another_models_weights(tokenizer):
     assert all(
         torch.equal(a, b) for a, b in zip(target.parameters(), source.parameters(), strict=True)
     )
+
+
+# Three template families: ChatML/Hermes (toolgym's template), Qwen3-Coder's XML (a real
+# template, prefix-preserving), and Qwen3 with reasoning (a real template that rewrites earlier
+# turns, so episodes are built one sample per turn).
+XML_GUESS = (
+    "<tool_call>\n<function=guess>\n<parameter=word>\n{word}\n</parameter>\n</function>\n"
+    "</tool_call><|im_end|>"
+)
+THINKING_GUESS = "<think>\nTry {word}.\n</think>\n\n" + GUESS
+
+
+def _family_tokenizer(family: str):
+    from template_corpus import TEMPLATE_DIR, template_tokenizer
+
+    paths = {"xml": "llama.cpp/Qwen3-Coder", "per_turn": "trl/qwen3"}
+    if family == "chatml":
+        return tiny_tokenizer()
+    return template_tokenizer(TEMPLATE_DIR / f"{paths[family]}.jinja")
+
+
+@pytest.mark.parametrize(
+    ("family", "reply", "per_turn"),
+    [("chatml", GUESS, False), ("xml", XML_GUESS, False), ("per_turn", THINKING_GUESS, True)],
+)
+def test_wordle_episodes_are_token_exact_for_three_template_families(family, reply, per_turn):
+    tokenizer = _family_tokenizer(family)
+    replies = [reply.format(word=w) for w in ("slate", "crane")]
+    agent = Agent(ScriptedEngine([ids(tokenizer, r) for r in replies]), tokenizer, parser="auto")
+    assert agent.renderer.per_turn is per_turn
+    tools = toolgym.make("Wordle-v0").tools
+    (trajectory,) = agent.run([toolgym.make("Wordle-v0")], wordle_rows(1))
+    assert trajectory.status == "env_done" and trajectory.reward == 1.0
+    assert trajectory.metrics["tool_calls"] == 2 and trajectory.metrics["parse_failures"] == 0
+    if not per_turn:
+        assert trajectory.turns == []
+        assert_token_exact(agent, trajectory, tools)
+        return
+    # One sample per turn: its prompt is the template's rendering of the conversation before
+    # the turn, its completion exactly the ids the model sampled.
+    assistant_at = [i for i, m in enumerate(trajectory.messages) if m["role"] == "assistant"]
+    assert len(trajectory.turns) == 2
+    for turn, at, sampled in zip(trajectory.turns, assistant_at, replies, strict=True):
+        assert turn["prompt_ids"] == agent.renderer.prompt_ids(trajectory.messages[:at], tools)
+        assert turn["completion_ids"] == ids(tokenizer, sampled)
+    assert trajectory.messages[1]["reasoning_content"] == "Try slate."
+    assert trajectory.messages[1]["content"] == ""
+    assert "Try slate." in tokenizer.decode(trajectory.turns[1]["prompt_ids"])
+    assert [sum(s.loss_mask) for s in trajectory.samples()] == [
+        len(ids(tokenizer, r)) for r in replies
+    ]

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from template_corpus import TEMPLATE_DIR, TEMPLATES, template_id, template_tokenizer
 
+from toolgym.agents.chat import ChatRenderer, TemplateError
 from toolgym.agents.parsers import PARSERS, detect_format, type_arguments
 from toolgym.agents.parsers.detect import (
     PROBE_CALLS,
@@ -229,3 +230,128 @@ def test_round_trip_of_arbitrary_values_through_a_real_template(fmt, city, days)
         [(c.name, c.arguments) for c in parsed.tool_calls if isinstance(c, ToolCall)] == calls
         for parsed in read
     ), text
+
+
+# The prefix verdict for each shape of tool-call turn (a bare call, a call with text beside it,
+# a call with reasoning): Y prefix-preserving, n not. Any n: episodes are built one sample per
+# turn. NO_END_TOKEN: the template closes an assistant turn with no special token to stop on.
+NO_END_TOKEN = "does not start with a special token"
+PREFIX = {
+    "llama.cpp/Bielik-11B-v3.0-Instruct": "nnn",
+    "llama.cpp/ByteDance-Seed-OSS": "YYY",
+    "llama.cpp/Cohere2MoE": "nnn",
+    "llama.cpp/CohereForAI-c4ai-command-r7b-12-2024-tool_use": "nnn",
+    "llama.cpp/GLM-4.6": "YYY",
+    "llama.cpp/GLM-4.7-Flash": "nnn",
+    "llama.cpp/GigaChat3-10B-A1.8B": "YYY",
+    "llama.cpp/GigaChat3.1-10B-A1.8B": "YYY",
+    "llama.cpp/LFM2.5-8B-A1B": "YYY",
+    "llama.cpp/MiMo-VL": "YYY",
+    "llama.cpp/MiniMax-M1": "YYY",
+    "llama.cpp/MiniMax-M2": "nnn",
+    "llama.cpp/Mistral-Small-3.2-24B-Instruct-2506": "YYY",
+    "llama.cpp/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": "nnn",
+    "llama.cpp/NVIDIA-Nemotron-Nano-v2": "nnn",
+    "llama.cpp/NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use": "nnn",
+    "llama.cpp/NousResearch-Hermes-3-Llama-3.1-8B-tool_use": "nnn",
+    "llama.cpp/Qwen-QwQ-32B": "nnn",
+    "llama.cpp/Qwen-Qwen2.5-7B-Instruct": "YYY",
+    "llama.cpp/Qwen-Qwen3-0.6B": "nnY",
+    "llama.cpp/Qwen3-Coder": "YYY",
+    "llama.cpp/Qwen3.5-4B": "YYY",
+    "llama.cpp/Reka-Edge": "YYY",
+    "llama.cpp/Spark2.5": "nnn",
+    "llama.cpp/StepFun3.5-Flash": "YYY",
+    "llama.cpp/deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "nnn",
+    "llama.cpp/deepseek-ai-DeepSeek-V3.1": "YYY",
+    "llama.cpp/deepseek-ai-DeepSeek-V3.2": "nnn",
+    "llama.cpp/deepseek-ai-DeepSeek-V4-Flash-0731": "YYY",
+    "llama.cpp/deepseek-ai-DeepSeek-V4": "YYY",
+    "llama.cpp/google-gemma-4-31B-it-interleaved": "nnn",
+    "llama.cpp/google-gemma-4-31B-it": "nnn",
+    "llama.cpp/ibm-granite-granite-4.0": "YYY",
+    "llama.cpp/ibm-granite-granite-4.1": "YYY",
+    "llama.cpp/inclusionai-ling-3.0-flash": "YYY",
+    "llama.cpp/meetkai-functionary-medium-v3.1": "YYY",
+    "llama.cpp/meta-llama-Llama-3.1-8B-Instruct": "YYY",
+    "llama.cpp/meta-llama-Llama-3.2-3B-Instruct": "YYY",
+    "llama.cpp/meta-llama-Llama-3.3-70B-Instruct": "YYY",
+    "llama.cpp/mistralai-Ministral-3-14B-Reasoning-2512": "YYY",
+    "llama.cpp/mistralai-Mistral-Nemo-Instruct-2407": "nnn",
+    "llama.cpp/moonshotai-Kimi-K2": "YYY",
+    "llama.cpp/muse-glimmer": "YYY",
+    "llama.cpp/openai-gpt-oss-120b": "Ynn",
+    "llama.cpp/openbmb-MiniCPM5-1B": "YYY",
+    "llama.cpp/poolside-Laguna-S-2.1": "YYY",
+    "llama.cpp/poolside-Laguna-XS-2.1": "YYn",
+    "llama.cpp/poolside-Laguna-XS.2": "YYn",
+    "llama.cpp/unsloth-Apriel-1.5": "nnn",
+    "llama.cpp/unsloth-mistral-Devstral-Small-2507": "YYY",
+    "llama.cpp/upstage-Solar-Open-100B": "YYY",
+    "trl/deepseekv3": "nnn",
+    "trl/diffusion_gemma": "YnY",
+    "trl/gemma4": "YnY",
+    "trl/gemma4_v2": "YYY",
+    "trl/gemma4_v3": "YnY",
+    "trl/gemma4_v4": "YnY",
+    "trl/gemma4_v5": "YnY",
+    "trl/glm4moe": "YYY",
+    "trl/gptoss": "Ynn",
+    "trl/lfm2_2_5": "YYY",
+    "trl/lfm2_2_5_v2": "YYY",
+    "trl/lfm2_2_5_vl": "YYY",
+    "trl/lfm2_v2": "YYY",
+    "trl/llama3_1": "YYY",
+    "trl/llama3_2": "YYY",
+    "trl/muse_glimmer": "YYY",
+    "trl/nemotron_3_5_lightning": "nnn",
+    "trl/nemotron_3_nano": "nnn",
+    "trl/nemotron_3_super": "nnn",
+    "trl/nemotron_3_ultra": "nnn",
+    "trl/qwen2_5": "YYY",
+    "trl/qwen3": "nnY",
+    "trl/qwen3_5_nothink": "YYn",
+    "trl/qwen3_5_think": "YYY",
+    "trl/qwen3_6": "YYY",
+    "trl/qwen3_8": "YYY",
+    "trl/qwen3_instruct_2507": "YYY",
+    "trl/qwen3_vl": "YYY",
+    "llama.cpp/Apertus-8B-Instruct": NO_END_TOKEN,
+    "llama.cpp/Apriel-1.6-15b-Thinker-fixed": NO_END_TOKEN,
+    "llama.cpp/tencent-Hy3": NO_END_TOKEN,
+}
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in TEMPLATES if template_id(p) in PREFIX], ids=template_id
+)
+def test_prefix_verdict_per_shape_and_the_episode_build_it_chooses(path):
+    expected = PREFIX[template_id(path)]
+    tokenizer = template_tokenizer(path)
+    if expected == NO_END_TOKEN:
+        with pytest.raises(TemplateError, match=expected):
+            ChatRenderer(tokenizer)
+        return
+    renderer = ChatRenderer(tokenizer)
+    verdicts = renderer.prefix_report.verdicts
+    assert "".join("Y" if v.ok else "n" for v in verdicts) == expected, (
+        renderer.prefix_report.describe()
+    )
+    assert all(
+        v.problem.count("changes earlier text at character") == 1 for v in verdicts if not v.ok
+    )
+    assert renderer.per_turn is ("n" in expected)
+    if not renderer.per_turn:  # the tool suffix is what the template appends after a call
+        result = {
+            "role": "tool",
+            "name": "lookup",
+            "tool_call_id": "call00001",
+            "content": "RESULT",
+        }
+        suffix = renderer.tool_suffix_ids([result])
+        assert "RESULT" in tokenizer.decode(suffix)
+
+
+def test_every_template_that_writes_calls_has_a_verdict():
+    writing = {name for name, fmt in EXPECTED.items() if fmt not in FAILURES}
+    assert set(PREFIX) == writing

@@ -1,44 +1,50 @@
 """Chat template -> token ids, without ever re-tokenizing what the model wrote.
 
-The prompt (with the environment's tool schemas) is rendered to ids once. After the model's
-turn, the tool results are appended as the *suffix* ids the template produces after an
-assistant turn: the rest of the assistant turn's closing markup, the tool turns, and the next
-generation prompt. The model's own sampled ids are kept as they are.
+At start-up `ChatRenderer` learns what the template needs (arguments as JSON strings or
+objects, a system turn or none) and checks, for each shape of turn a model writes, that the
+template is prefix-preserving over a tool round trip (`template_check`). That decides how an
+episode is built (`ChatRenderer.per_turn`):
 
-At start-up `ChatRenderer` checks that the template is prefix-preserving for a tool round trip
-(rendering a longer conversation only appends to a shorter one) and raises `TemplateError`
-saying where it is not: templates that drop earlier reasoning (Qwen3-style `<think>` blocks)
-fail this check; pass a training template that keeps them (`chat_template=...`).
+- **one sequence** (prefix-preserving templates): the prompt is rendered to ids once; after each
+  model turn the tool results are appended as the *suffix* ids the template writes after an
+  assistant turn (its closing markup, the tool turns, the next generation prompt). The model's
+  own sampled ids are kept as they are, and the whole episode is one training sequence.
+- **one sample per turn** (any other template): each turn's prompt is the template's own
+  rendering of the conversation so far, as a server would feed it; each assistant turn is its
+  own training sample (that prompt + the ids the model sampled), all sharing the episode's
+  advantage. Exact for any template, at the cost of re-encoding the history each turn.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
+import logging
 from typing import Any
 
-Message = dict[str, Any]
+from toolgym.agents.parsers.detect import render_probe
+from toolgym.agents.template_check import (
+    PROBE_TOOLS,
+    PrefixReport,
+    check_prefix_preserving,
+    divergence,
+)
 
-_PROBE_TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "lookup",
-            "description": "Look something up.",
-            "parameters": {
-                "type": "object",
-                "properties": {"key": {"type": "string", "description": "What to look up."}},
-                "required": ["key"],
-            },
-        },
-    }
-]
-_PROBE_CALL = {"type": "function", "function": {"name": "lookup", "arguments": {"key": "k"}}}
+Message = dict[str, Any]
+logger = logging.getLogger(__name__)
+
+_PROBE_CALL = {
+    "type": "function",
+    "id": "call00001",
+    "function": {"name": "lookup", "arguments": {"key": "k"}},
+}
 _PROBE_CONTENT = "PROBE-CONTENT"
+_REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
 
 
 class TemplateError(ValueError):
-    """The chat template cannot be used for exact-token multi-turn episodes."""
+    """The chat template cannot be used for multi-turn episodes."""
 
 
 class ChatRenderer:
@@ -47,11 +53,17 @@ class ChatRenderer:
     Args:
         tokenizer: A transformers tokenizer with a chat template.
         chat_template: A template to use instead of the tokenizer's own.
+        per_turn: Build episodes one sample per turn (True), as one sequence (False, refused
+            for templates that are not prefix-preserving), or as the template allows (None).
         template_kwargs: Extra template variables for every rendering (`enable_thinking`, ...).
     """
 
     def __init__(
-        self, tokenizer: Any, chat_template: str | None = None, **template_kwargs: Any
+        self,
+        tokenizer: Any,
+        chat_template: str | None = None,
+        per_turn: bool | None = None,
+        **template_kwargs: Any,
     ) -> None:
         self.tokenizer = tokenizer
         self.chat_template = chat_template
@@ -59,10 +71,16 @@ class ChatRenderer:
         # GRPO groups share prompts, and every tool turn shares its head: cache both.
         self._encode = functools.lru_cache(maxsize=1024)(_encoder(tokenizer))
         self._heads: dict[str, str] = {}
-        self.end_of_turn, self.after_end_of_turn = self._find_end_of_turn()
+        self.string_arguments, system = self._learn_template_needs()
+        self.end_of_turn, self.after_end_of_turn, self.end_opens_next_turn = (
+            self._find_end_of_turn()
+        )
         self.end_of_turn_id = self._single_token_id(self.end_of_turn)
         self.stop_token_ids = sorted({self.end_of_turn_id, *_eos_ids(tokenizer)})
-        check_prefix_preserving(self)
+        self.prefix_report: PrefixReport = check_prefix_preserving(
+            lambda messages, prompt: self.render(messages, PROBE_TOOLS, prompt), system
+        )
+        self.per_turn = self._choose_per_turn(per_turn)
 
     def render(
         self,
@@ -71,13 +89,29 @@ class ChatRenderer:
         add_generation_prompt: bool = False,
     ) -> str:
         return self.tokenizer.apply_chat_template(
-            messages,
+            self.for_template(messages),
             tools=tools or None,
             tokenize=False,
             add_generation_prompt=add_generation_prompt,
             chat_template=self.chat_template,
             **self.template_kwargs,
         )
+
+    def for_template(self, messages: list[Message]) -> list[Message]:
+        """Messages as this template reads them: reasoning under each key templates use,
+        arguments as JSON strings where the template wants strings."""
+        if not self.string_arguments and not any(_REASONING_KEYS[0] in m for m in messages):
+            return messages
+        converted = copy.deepcopy(messages)
+        for message in converted:
+            if _REASONING_KEYS[0] in message:
+                for key in _REASONING_KEYS[1:]:
+                    message.setdefault(key, message[_REASONING_KEYS[0]])
+            for call in message.get("tool_calls") or []:
+                function = call.get("function", {})
+                if self.string_arguments and not isinstance(function.get("arguments"), str):
+                    function["arguments"] = json.dumps(function.get("arguments", {}))
+        return converted
 
     def encode(self, text: str) -> list[int]:
         return list(self._encode(text))
@@ -92,7 +126,7 @@ class ChatRenderer:
         """Ids to append after the model's end-of-turn token: tool turns + generation prompt."""
         before = [
             {"role": "user", "content": "u"},
-            {"role": "assistant", "content": _PROBE_CONTENT, "tool_calls": [_PROBE_CALL]},
+            {"role": "assistant", "content": "", "tool_calls": [_PROBE_CALL]},
         ]
         key = json.dumps(tools, sort_keys=True)
         if key not in self._heads:
@@ -101,7 +135,10 @@ class ChatRenderer:
         full = self.render(before + tool_messages, tools, add_generation_prompt=True)
         if not full.startswith(head):
             raise TemplateError(_divergence("adding tool results", head, full))
-        return self.encode(self.after_end_of_turn + full[len(head) :])
+        suffix = full[len(head) :]
+        if self.end_opens_next_turn:  # the model already wrote it, as its stop token
+            suffix = suffix.lstrip().removeprefix(self.end_of_turn)
+        return self.encode(self.after_end_of_turn + suffix)
 
     def assistant_ids(self, message: Message, tools: list[dict] | None = None) -> list[int]:
         """The ids of an assistant turn as the template writes it, through its end-of-turn
@@ -115,22 +152,81 @@ class ChatRenderer:
         end = body.rindex(self.end_of_turn) + len(self.end_of_turn)
         return self.encode(body[:end])
 
-    def _find_end_of_turn(self) -> tuple[str, str]:
-        """The text that closes an assistant turn (e.g. `<|im_end|>`) and what follows it."""
-        messages = [
-            {"role": "user", "content": "u"},
-            {"role": "assistant", "content": _PROBE_CONTENT},
-        ]
-        text = self.render(messages)
+    def _learn_template_needs(self) -> tuple[bool, bool]:
+        """(arguments as JSON strings, a system turn is accepted), from a probe tool call."""
+        kwargs = {"chat_template": self.chat_template, **self.template_kwargs}
+        try:
+            probe = render_probe(self.tokenizer, 1, **kwargs)
+        except ValueError as error:
+            raise TemplateError(
+                f"{error}. toolgym needs a template that renders assistant tool calls and tool "
+                "results; pass chat_template=..."
+            ) from None
+        if probe.system:  # it refused to render without one
+            return probe.string_arguments, True
+        try:
+            self.tokenizer.apply_chat_template(
+                [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}],
+                tokenize=False,
+                **kwargs,
+            )
+        except Exception:
+            return probe.string_arguments, False
+        return probe.string_arguments, True
+
+    def _choose_per_turn(self, requested: bool | None) -> bool:
+        report = self.prefix_report
+        if requested is False and not report.prefix_preserving:
+            raise TemplateError(
+                "per_turn=False needs a prefix-preserving chat template, and this one is not:\n"
+                f"{report.describe()}\nLeave per_turn unset to train it one sample per turn."
+            )
+        if requested is not None:
+            return requested
+        if not report.prefix_preserving:
+            logger.info(
+                "the chat template is not prefix-preserving for every shape of tool-call turn; "
+                "episodes are built one sample per turn:\n%s",
+                report.describe(),
+            )
+        return not report.prefix_preserving
+
+    def _find_end_of_turn(self) -> tuple[str, str, bool]:
+        """The special token that closes an assistant turn (e.g. `<|im_end|>`), the text after
+        it, and whether it is the next turn's opening token instead (GLM: the model stops by
+        writing `<|observation|>`, which the template writes as the tool turn's start)."""
+        text = self.render(
+            [{"role": "user", "content": "u"}, {"role": "assistant", "content": _PROBE_CONTENT}],
+            PROBE_TOOLS,
+        )
         tail = text[text.rindex(_PROBE_CONTENT) + len(_PROBE_CONTENT) :]
-        for token in sorted(self.tokenizer.all_special_tokens, key=len, reverse=True):
-            if tail.startswith(token):
-                return token, tail[len(token) :]
+        found = self._leading_special_token(tail)
+        if found is not None:
+            return found[0], found[1], False
+        before_tool = [
+            {"role": "user", "content": "u"},
+            {"role": "assistant", "content": _PROBE_CONTENT, "tool_calls": [_PROBE_CALL]},
+        ]
+        head = self.render(before_tool, PROBE_TOOLS)
+        full = self.render(
+            [*before_tool, {"role": "tool", "name": "lookup", "content": "v"}], PROBE_TOOLS
+        )
+        found = self._leading_special_token(full[len(head) :]) if full.startswith(head) else None
+        if not tail.strip() and found is not None:
+            return found[0], "", True
         raise TemplateError(
             "the chat template closes an assistant turn with "
             f"{tail[:40]!r}, which does not start with a special token; toolgym needs a special "
             "end-of-turn token to stop generation on"
         )
+
+    def _leading_special_token(self, text: str) -> tuple[str, str] | None:
+        """The special token `text` starts with (after whitespace), and what follows it."""
+        stripped = text.lstrip()
+        for token in sorted(self.tokenizer.all_special_tokens, key=len, reverse=True):
+            if stripped.startswith(token):
+                return token, stripped[len(token) :]
+        return None
 
     def _single_token_id(self, token: str) -> int:
         ids = self.encode(token)
@@ -148,39 +244,8 @@ def _encoder(tokenizer: Any) -> Any:
     return lambda text: tuple(tokenizer.encode(text, add_special_tokens=False))
 
 
-def check_prefix_preserving(renderer: ChatRenderer) -> None:
-    """Raise TemplateError unless each step of a tool round trip only appends to the text."""
-    conversation: list[Message] = [
-        {"role": "system", "content": "s"},
-        {"role": "user", "content": "u"},
-        {"role": "assistant", "content": "thinking", "tool_calls": [_PROBE_CALL]},
-        {"role": "tool", "name": "lookup", "content": "v"},
-        {"role": "assistant", "content": "done"},
-    ]
-    for length in range(2, len(conversation)):
-        shorter = renderer.render(
-            conversation[:length],
-            _PROBE_TOOLS,
-            add_generation_prompt=conversation[length]["role"] == "assistant",
-        )
-        longer = renderer.render(conversation[: length + 1], _PROBE_TOOLS)
-        if not longer.startswith(shorter):
-            raise TemplateError(
-                _divergence(f"adding a {conversation[length]['role']} turn", shorter, longer)
-            )
-
-
 def _divergence(step: str, shorter: str, longer: str) -> str:
-    pairs = enumerate(zip(shorter, longer, strict=False))
-    at = next((i for i, (a, b) in pairs if a != b), min(len(shorter), len(longer)))
-    window = slice(max(0, at - 60), at + 60)
-    return (
-        f"the chat template is not prefix-preserving: {step} changes earlier text at character "
-        f"{at}: before {shorter[window]!r}, after {longer[window]!r}. "
-        "Multi-turn training needs the conversation so far to stay unchanged; templates that drop "
-        "earlier reasoning (Qwen3 <think>) need a training template that keeps it "
-        "(chat_template=...)."
-    )
+    return f"the chat template is not prefix-preserving: {divergence(step, shorter, longer)}"
 
 
 def _eos_ids(tokenizer: Any) -> list[int]:

@@ -121,6 +121,9 @@ class Agent:
         limits: Per-episode limits.
         sampling: Temperature and top-p (max_tokens and stop ids are set per turn).
         chat_template: A chat template to use instead of the tokenizer's.
+        per_turn: Build episodes one training sample per assistant turn (True), as one token
+            sequence (False), or as the template allows (None: one sequence exactly when the
+            template is prefix-preserving; see `ChatRenderer`).
         chat_template_kwargs: Extra variables for every rendering of the template, e.g.
             `{"enable_thinking": False}`; detection (`parser="auto"`) renders with them too.
         batch_wait: Longest time (seconds) a generation request waits for other episodes to
@@ -135,13 +138,14 @@ class Agent:
     limits: AgentLimits = field(default_factory=AgentLimits)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     chat_template: str | None = None
+    per_turn: bool | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     batch_wait: float = 0.01
     tool_threads: int = 64
 
     def __post_init__(self) -> None:
         self.renderer = ChatRenderer(
-            self.tokenizer, self.chat_template, **self.chat_template_kwargs
+            self.tokenizer, self.chat_template, self.per_turn, **self.chat_template_kwargs
         )
         template = {"chat_template": self.chat_template} if self.chat_template else {}
         self.parse: Parser = get_parser(
@@ -236,6 +240,7 @@ class Episode:
                 Trajectory([], messages=_prompt_messages(self.prompt, None)), "env_error", error
             )
         trajectory = Trajectory(prompt_ids, messages=list(messages))
+        self.first_prompt_length = len(prompt_ids)
         try:
             status = await self._turns(trajectory, tools)
         except _EpisodeEnd as end:
@@ -244,12 +249,22 @@ class Episode:
 
     async def _turns(self, trajectory: Trajectory, tools: list[dict]) -> Status:
         renderer = self.agent.renderer
-        for _ in range(self.limits.max_turns):
+        for turn in range(self.limits.max_turns):
+            if renderer.per_turn and turn > 0:
+                self._start_turn_sample(trajectory, tools)
             completion = await self._generate(trajectory)
             self.metrics["turns"] += 1
             trajectory.append(completion.token_ids, sampled=True, logprobs=completion.logprobs)
+            if renderer.per_turn:
+                trajectory.turns.append(
+                    {
+                        "prompt_ids": trajectory.prompt_ids,
+                        "completion_ids": list(completion.token_ids),
+                        "logprobs": list(completion.logprobs),
+                    }
+                )
             text = self._decode(completion)
-            parsed = type_arguments(self.agent.parse(text), tools)
+            parsed = _with_call_ids(type_arguments(self.agent.parse(text), tools), turn)
             self.metrics["parse_failures"] += parsed.failures
             trajectory.messages.append(_assistant_message(text, parsed))
             if completion.finish_reason == "length":
@@ -263,6 +278,8 @@ class Episode:
                 return "env_done"
             if step.truncated:
                 return "max_turns"
+            if renderer.per_turn:
+                continue  # the next turn's prompt is the template's rendering of it all
             if completion.token_ids[-1] != renderer.end_of_turn_id:
                 trajectory.append([renderer.end_of_turn_id], sampled=False)  # stopped on EOS
             suffix = renderer.tool_suffix_ids(step.messages, tools)
@@ -271,9 +288,22 @@ class Episode:
             trajectory.append(suffix, sampled=False)
         return "max_turns"
 
+    def _start_turn_sample(self, trajectory: Trajectory, tools: list[dict]) -> None:
+        """Per-turn episodes: the next turn's prompt is the template's rendering of the
+        conversation so far; the trajectory's sequence becomes that prompt."""
+        try:
+            prompt_ids = self.agent.renderer.prompt_ids(trajectory.messages, tools)
+        except Exception as error:
+            raise _EpisodeEnd("env_error", f"the chat template cannot render: {error}") from error
+        trajectory.prompt_ids = prompt_ids
+        trajectory.completion_ids, trajectory.loss_mask, trajectory.logprobs = [], [], []
+
     def _room(self, trajectory: Trajectory) -> int:
-        used = len(trajectory.completion_ids)
-        context = self.agent.engine.context_length - len(trajectory.prompt_ids) - used
+        """Tokens the next turn may still add: the episode budget counts every token after the
+        first prompt (model and observation), the context counts the whole sequence."""
+        length = len(trajectory.prompt_ids) + len(trajectory.completion_ids)
+        used = length - self.first_prompt_length
+        context = self.agent.engine.context_length - length
         return min(self.limits.max_episode_tokens - used, context)
 
     async def _generate(self, trajectory: Trajectory) -> Completion:
@@ -337,9 +367,15 @@ class Episode:
                 "env_error",
                 f"get_reward failed: {reward_error!r}",
             )
-        mask = trajectory.loss_mask
-        self.metrics["model_tokens"] = float(sum(mask))
-        self.metrics["observation_tokens"] = float(len(mask) - sum(mask))
+        samples = trajectory.samples()
+        model_tokens = sum(sum(sample.loss_mask) for sample in samples)
+        added = len(trajectory.prompt_ids) + len(trajectory.completion_ids)
+        self.metrics["model_tokens"] = float(model_tokens)
+        self.metrics["observation_tokens"] = float(
+            added - getattr(self, "first_prompt_length", len(trajectory.prompt_ids)) - model_tokens
+            if trajectory.turns
+            else len(trajectory.loss_mask) - model_tokens
+        )
         trajectory.metrics = self.metrics
         trajectory.row = {k: v for k, v in self.row.items() if _is_plain(v)}
         return trajectory
@@ -370,19 +406,29 @@ def _prompt_messages(prompt: Any, first_observation: str | None) -> list[dict[st
 
 
 def _assistant_message(text: str, parsed: ParsedMessage) -> dict[str, Any]:
-    """The assistant turn as a chat message: its content without reasoning or call markup, its
-    reasoning (`reasoning_content`, when it wrote any), the calls read as valid, and the text
-    exactly as sampled (`raw_content`, malformed calls included)."""
+    """The assistant turn as a chat message: its content without reasoning or call markup (the
+    raw text where a call was malformed), its reasoning (`reasoning_content`, when it wrote
+    any), the calls read as valid, and the text exactly as sampled (`raw_content`)."""
     calls = [
-        {"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        {"type": "function", "id": c.id, "function": {"name": c.name, "arguments": c.arguments}}
         for c in parsed.tool_calls
         if hasattr(c, "name")
     ]
-    message: dict[str, Any] = {"role": "assistant", "content": parsed.content, "tool_calls": calls}
+    content = text if parsed.failures else parsed.content  # a malformed call stays visible
+    message: dict[str, Any] = {"role": "assistant", "content": content, "tool_calls": calls}
     if parsed.reasoning:
         message["reasoning_content"] = parsed.reasoning
     message["raw_content"] = text
     return message
+
+
+def _with_call_ids(parsed: ParsedMessage, turn: int) -> ParsedMessage:
+    """Give calls without one an id of 9 letters and digits (`c0001` turn, then index): tool
+    results carry it back, and some templates (Mistral) require exactly that shape."""
+    for index, call in enumerate(parsed.tool_calls):
+        if call.id is None:
+            call.id = f"c{turn:04d}{index:04d}"
+    return parsed
 
 
 def _is_plain(value: Any) -> bool:

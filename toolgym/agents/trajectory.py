@@ -21,6 +21,17 @@ STATUSES: tuple[str, ...] = Status.__args__  # type: ignore[attr-defined]
 INFRASTRUCTURE_FAILURES = frozenset({"tool_timeout", "env_error", "engine_error"})
 
 
+@dataclass(frozen=True)
+class Sample:
+    """One training sequence: a prompt, then tokens with a loss mask (1: sampled by the model,
+    0: observation) and the engine's logprobs."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+
+
 @dataclass
 class Trajectory:
     """One episode, ready for a policy-gradient update.
@@ -39,6 +50,11 @@ class Trajectory:
         metrics: turns, tool_calls, tool_failures, parse_failures, generation_seconds,
             tool_seconds, model_tokens, observation_tokens.
         row: The dataset row the episode was reset with (without its prompt).
+        turns: Episodes built one sample per turn (templates that are not prefix-preserving,
+            `ChatRenderer.per_turn`) only: each assistant turn's `prompt_ids` (the template's
+            rendering of the conversation before it), `completion_ids` and `logprobs`. Then
+            `prompt_ids` + `completion_ids` above are the last turn's sample: the whole episode
+            as the model last saw it.
     """
 
     prompt_ids: list[int]
@@ -52,12 +68,24 @@ class Trajectory:
     error: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     row: dict[str, Any] = field(default_factory=dict)
+    turns: list[dict[str, list]] = field(default_factory=list)
 
     def append(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
         """Append model tokens (`sampled=True`, with their logprobs) or observation tokens."""
         self.completion_ids.extend(ids)
         self.loss_mask.extend([1 if sampled else 0] * len(ids))
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+
+    def samples(self) -> list[Sample]:
+        """What the update trains on: the episode as one sequence, or one sample per turn."""
+        if not self.turns:
+            return [Sample(self.prompt_ids, self.completion_ids, self.loss_mask, self.logprobs)]
+        return [
+            Sample(
+                t["prompt_ids"], t["completion_ids"], [1] * len(t["completion_ids"]), t["logprobs"]
+            )
+            for t in self.turns
+        ]
 
     def template_messages(self) -> list[dict[str, Any]]:
         """The messages as the chat template should render them to reproduce the tokens.

@@ -1,8 +1,11 @@
-"""Trajectories -> padded tensors for the loss.
+"""Training samples -> padded tensors for the loss.
 
-Every tensor is (trajectories, longest prompt + completion), right-padded. `loss_mask` is 1
-only on tokens the model sampled: prompt, observation (tool-result) and padding tokens are 0,
-so they count nowhere in the loss, the KL or any normalisation.
+A trajectory gives one sample (the episode as one sequence) or one per assistant turn
+(templates that are not prefix-preserving; `Trajectory.samples`). Every tensor is (samples,
+longest prompt + completion), right-padded. `loss_mask` is 1 only on tokens the model sampled:
+prompt, observation (tool-result) and padding tokens are 0, so they count nowhere in the loss,
+the KL or any normalisation. `episode_tokens` lets a per-episode normalisation (`grpo`) divide
+a per-turn sample by its whole episode's sampled tokens, as if it were one sequence.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from toolgym.agents.trajectory import Trajectory
+from toolgym.agents.trajectory import Sample, Trajectory
 
 
 @dataclass
@@ -24,7 +27,9 @@ class TokenBatch:
     sampling_logprobs: torch.Tensor
     """The engine's logprob of each sampled token (0 elsewhere)."""
     advantages: torch.Tensor
-    """One per trajectory."""
+    """One per sample (its episode's)."""
+    episode_tokens: torch.Tensor
+    """Per sample: the sampled tokens of its whole episode (all its samples)."""
 
     def to(self, device: torch.device | str) -> TokenBatch:
         return TokenBatch(*(t.to(device) for t in vars(self).values()))
@@ -44,20 +49,47 @@ def collate(
     advantages: Sequence[float] | torch.Tensor | None = None,
     used: Sequence[bool] | torch.Tensor | None = None,
 ) -> TokenBatch:
-    """Pad trajectories into a TokenBatch; rows with `used` False get an all-zero loss mask."""
-    count = len(trajectories)
-    longest = max(len(t.prompt_ids) + len(t.completion_ids) for t in trajectories)
+    """Pad the samples of `trajectories` into a TokenBatch (each sample takes its trajectory's
+    advantage); samples of trajectories with `used` False get an all-zero loss mask."""
+    samples, sample_advantages, sample_used, episode_tokens = [], [], [], []
+    for index, trajectory in enumerate(trajectories):
+        pieces = trajectory.samples()
+        tokens = sum(sum(piece.loss_mask) for piece in pieces)
+        for piece in pieces:
+            samples.append(piece)
+            sample_advantages.append(0.0 if advantages is None else float(advantages[index]))
+            sample_used.append(True if used is None else bool(used[index]))
+            episode_tokens.append(tokens)
+    return collate_samples(samples, pad_id, sample_advantages, sample_used, episode_tokens)
+
+
+def collate_samples(
+    samples: Sequence[Sample],
+    pad_id: int,
+    advantages: Sequence[float],
+    used: Sequence[bool],
+    episode_tokens: Sequence[int],
+) -> TokenBatch:
+    """Pad samples into a TokenBatch."""
+    count = len(samples)
+    longest = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     input_ids = torch.full((count, longest), pad_id, dtype=torch.long)
     attention = torch.zeros((count, longest), dtype=torch.long)
     loss_mask = torch.zeros((count, longest), dtype=torch.float32)
     logprobs = torch.zeros((count, longest), dtype=torch.float32)
-    for row, trajectory in enumerate(trajectories):
-        start, ids = len(trajectory.prompt_ids), trajectory.prompt_ids + trajectory.completion_ids
+    for row, sample in enumerate(samples):
+        start, ids = len(sample.prompt_ids), sample.prompt_ids + sample.completion_ids
         input_ids[row, : len(ids)] = torch.tensor(ids)
         attention[row, : len(ids)] = 1
-        if used is None or bool(used[row]):
-            loss_mask[row, start : len(ids)] = torch.tensor(trajectory.loss_mask, dtype=torch.float)
-        if trajectory.logprobs:
-            logprobs[row, start : len(ids)] = torch.tensor(trajectory.logprobs)
-    advantage = torch.zeros(count) if advantages is None else torch.as_tensor(advantages).float()
-    return TokenBatch(input_ids, attention, loss_mask, logprobs * loss_mask, advantage)
+        if used[row]:
+            loss_mask[row, start : len(ids)] = torch.tensor(sample.loss_mask, dtype=torch.float)
+        if sample.logprobs:
+            logprobs[row, start : len(ids)] = torch.tensor(sample.logprobs)
+    return TokenBatch(
+        input_ids,
+        attention,
+        loss_mask,
+        logprobs * loss_mask,
+        torch.tensor(advantages, dtype=torch.float32),
+        torch.tensor(episode_tokens, dtype=torch.float32),
+    )

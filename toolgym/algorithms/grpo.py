@@ -322,6 +322,7 @@ class GRPOTrainer:
             ref_logprobs=ref,
             sampling_logprobs=sampling_logprobs,
             importance_cap=args.importance_sampling_cap if args.importance_sampling else None,
+            episode_tokens=batch.episode_tokens,
         )
         self.accelerator.backward(loss)
         stats["loss"] = loss.item()

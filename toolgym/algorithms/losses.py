@@ -115,6 +115,7 @@ def policy_loss(
     ref_logprobs: torch.Tensor | None = None,
     sampling_logprobs: torch.Tensor | None = None,
     importance_cap: float | None = None,
+    episode_tokens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """This micro-batch's share of the step loss, and statistics for the logs.
 
@@ -130,6 +131,8 @@ def policy_loss(
         ref_logprobs: (B, T) the reference model's logprobs.
         sampling_logprobs: (B, T) the engine's logprobs, for importance sampling.
         importance_cap: Cap of the importance weight (None: no correction).
+        episode_tokens: (B,) sampled tokens of each row's whole episode, for `grpo` (rows that
+            are one turn of an episode are averaged over the episode); default: the row's own.
     """
     ratio = torch.exp(logprobs - old_logprobs)
     advantage = advantages.unsqueeze(1)
@@ -151,7 +154,8 @@ def policy_loss(
         stats["kl"] = ((kl * mask).sum() / denominator).item()
     masked = per_token * mask
     if loss_type == "grpo":
-        per_sequence = masked.sum(1) / mask.sum(1).clamp(min=1)
+        lengths = mask.sum(1) if episode_tokens is None else episode_tokens
+        per_sequence = masked.sum(1) / lengths.clamp(min=1)
         loss = per_sequence.sum() / max(normalizer.sequences, 1)
     elif loss_type == "bnpo":
         loss = masked.sum() / denominator / max(normalizer.micro_batches, 1)

@@ -257,3 +257,12 @@ def test_auto_detection_failure_says_what_the_template_rendered():
 def _tool(name: str, properties: dict) -> dict:
     parameters = {"type": "object", "properties": properties}
     return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+
+def test_the_readme_table_lists_every_format():
+    from pathlib import Path
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    table = readme.split("| parser | format |", 1)[1].split("\n\n", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    assert [row.split("`")[1] for row in rows] == list(FORMATS)

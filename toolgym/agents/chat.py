@@ -99,11 +99,15 @@ class ChatRenderer:
 
     def for_template(self, messages: list[Message]) -> list[Message]:
         """Messages as this template reads them: reasoning under each key templates use,
-        arguments as JSON strings where the template wants strings."""
-        if not self.string_arguments and not any(_REASONING_KEYS[0] in m for m in messages):
+        arguments as JSON strings where the template wants strings, no empty `tool_calls`."""
+        if not self.string_arguments and not any(
+            _REASONING_KEYS[0] in m or m.get("tool_calls") == [] for m in messages
+        ):
             return messages
         converted = copy.deepcopy(messages)
         for message in converted:
+            if message.get("tool_calls") == []:
+                del message["tool_calls"]  # Llama 3's template raises on an empty list
             if _REASONING_KEYS[0] in message:
                 for key in _REASONING_KEYS[1:]:
                     message.setdefault(key, message[_REASONING_KEYS[0]])

@@ -21,7 +21,7 @@ from toolgym.agents.engines.base import Completion, Engine, GenerationRequest, S
 from toolgym.agents.parsers import ParsedMessage, Parser, get_parser, type_arguments
 from toolgym.agents.trajectory import Status, Trajectory
 from toolgym.envs.adapter import as_environment
-from toolgym.envs.core import Environment, run_coroutine
+from toolgym.envs.core import Environment, ToolCall, run_coroutine
 
 Row = dict[str, Any]
 
@@ -408,11 +408,17 @@ def _prompt_messages(prompt: Any, first_observation: str | None) -> list[dict[st
 def _assistant_message(text: str, parsed: ParsedMessage) -> dict[str, Any]:
     """The assistant turn as a chat message: its content without reasoning or call markup (the
     raw text where a call was malformed), its reasoning (`reasoning_content`, when it wrote
-    any), the calls read as valid, and the text exactly as sampled (`raw_content`)."""
+    any), its calls (a malformed one as `invalid_tool_call`, which its error result answers, so
+    that templates can render the conversation), and the text as sampled (`raw_content`)."""
     calls = [
-        {"type": "function", "id": c.id, "function": {"name": c.name, "arguments": c.arguments}}
-        for c in parsed.tool_calls
-        if hasattr(c, "name")
+        {
+            "type": "function",
+            "id": call.id,
+            "function": {"name": call.name, "arguments": call.arguments}
+            if isinstance(call, ToolCall)
+            else {"name": "invalid_tool_call", "arguments": {}},
+        }
+        for call in parsed.tool_calls
     ]
     content = text if parsed.failures else parsed.content  # a malformed call stays visible
     message: dict[str, Any] = {"role": "assistant", "content": content, "tool_calls": calls}

@@ -65,7 +65,17 @@ class GRPOConfig:
     vllm_server_url: str = "http://127.0.0.1:8000"
     """Base URL of the vLLM server when `engine="vllm-server"`."""
     parser: str = "auto"
-    """Tool-call parser name (see `toolgym.agents.parsers`)."""
+    """Tool-call parser: a name (`toolgym.agents.parsers.PARSERS`), "auto", "tokenizer" or
+    "vllm:<name>"."""
+    chat_template: str | None = None
+    """A chat template to use instead of the tokenizer's own."""
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra variables for every rendering of the chat template, e.g. `{"enable_thinking":
+    False}`."""
+    per_turn: bool | None = None
+    """Train each assistant turn as its own sample (True) or each episode as one token sequence
+    (False); None: one sequence exactly when the template is prefix-preserving for every shape
+    of tool-call turn (see `toolgym.agents.chat`)."""
     sandbox: str | None = None
     """Where each rollout's environment lives: "local" (this process), "process", "docker" or
     "auto" (the strongest available); None: the environment's registered default. For a

@@ -110,6 +110,9 @@ class GRPOTrainer:
             self.engine,
             tokenizer,
             parser=args.parser,
+            chat_template=args.chat_template,
+            chat_template_kwargs=args.chat_template_kwargs,
+            per_turn=args.per_turn,
             limits=AgentLimits(
                 max_turns=args.max_turns,
                 max_new_tokens=args.max_new_tokens,

@@ -1,0 +1,157 @@
+"""Tool-call formats over the real template corpus: coverage, detection time, parsing speed.
+
+Prints, for the chat templates in `tests/templates/` (llama.cpp's and trl's, two independent
+public packages):
+
+- per format: templates that write tool calls in it, how many `parser="auto"` names correctly
+  (the format's parser reads the template's own one- and two-call turns back exactly), and the
+  prefix verdicts (prefix-preserving for every shape of turn -> one sequence; otherwise one
+  sample per turn);
+- the time `parser="auto"` takes per template (mean and slowest);
+- the time to parse 10,000 turns per format with toolgym's parser, and with vLLM's parser for
+  the same format where vLLM has one that runs on the corpus tokenizer (the peer, same texts,
+  same run).
+
+    python bench/parsers.py [--turns 10000] [--no-vllm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from template_corpus import TEMPLATES, template_tokenizer
+
+from toolgym.agents.chat import ChatRenderer, TemplateError
+from toolgym.agents.parsers import PARSERS, detect_format, type_arguments
+from toolgym.agents.parsers.detect import (
+    PROBE_CALLS,
+    PROBE_TOOLS,
+    render_probe,
+    reply_candidates,
+)
+
+# vLLM's parser for the same format, and a template whose tokenizer it runs on.
+VLLM_PEERS = {
+    "hermes": "hermes",
+    "xml_function": "qwen3_xml",
+    "glm": "glm45",
+    "mistral": "mistral",
+    "deepseek": "deepseek_v31",
+    "kimi_k2": "kimi_k2",
+    "pythonic": "pythonic",
+    "llama3": "llama3_json",
+    "gemma4": "gemma4",
+    "invoke": "minimax_m2",
+}
+
+
+def survey() -> tuple[dict, list[float], dict[str, str]]:
+    """Per format: templates, correct detections, prefix verdicts; detection times; a sample
+    reply text per format."""
+    table: dict[str, Counter] = defaultdict(Counter)
+    times, samples = [], {}
+    for path in TEMPLATES:
+        tokenizer = template_tokenizer(path)
+        start = time.perf_counter()
+        try:
+            name = detect_format(tokenizer)
+        except ValueError as error:
+            name = "(none: " + _reason(str(error)) + ")"
+        times.append(time.perf_counter() - start)
+        row = table[name]
+        row["templates"] += 1
+        if name.startswith("(none"):
+            continue
+        reply = render_probe(tokenizer, 1)
+        samples.setdefault(name, (reply.text, tokenizer))
+        texts = reply_candidates(reply.text, tokenizer)
+        read = [type_arguments(PARSERS[name](t), PROBE_TOOLS) for t in texts]
+        if any([(c.name, c.arguments) for c in p.tool_calls] == PROBE_CALLS[:1] for p in read):
+            row["read back"] += 1
+        try:
+            renderer = ChatRenderer(tokenizer)
+        except TemplateError:
+            row["refused (no end-of-turn token)"] += 1
+            continue
+        row["one sample per turn" if renderer.per_turn else "one sequence"] += 1
+    return table, times, samples
+
+
+def _reason(message: str) -> str:
+    for key in ("does not write tool calls", "cannot render", "none of the parsers"):
+        if key in message:
+            return key
+    return message[:40]
+
+
+def parse_speed(samples: dict, turns: int, with_vllm: bool) -> list[tuple[str, float, str]]:
+    rows = []
+    for name, (text, tokenizer) in sorted(samples.items()):
+        text = reply_candidates(text, tokenizer)[-1]
+        parser = PARSERS[name]
+        start = time.perf_counter()
+        for _ in range(turns):
+            parser(text)
+        ours = time.perf_counter() - start
+        peer = "-"
+        if with_vllm and name in VLLM_PEERS:
+            peer = _vllm_speed(VLLM_PEERS[name], tokenizer, text, turns)
+        rows.append((name, ours, peer))
+    return rows
+
+
+def _vllm_speed(name: str, tokenizer, text: str, turns: int) -> str:
+    try:
+        from toolgym.agents.parsers import vllm_parser
+
+        parser = vllm_parser(name, tokenizer)
+        if not parser(text).tool_calls:
+            return "n/a (reads no call)"
+    except Exception as error:  # a vLLM parser may need its model's real tokenizer
+        return f"n/a ({type(error).__name__})"
+    start = time.perf_counter()
+    for _ in range(turns):
+        parser(text)
+    return f"{time.perf_counter() - start:.3f} s"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turns", type=int, default=10_000)
+    parser.add_argument("--no-vllm", action="store_true")
+    args = parser.parse_args()
+    table, times, samples = survey()
+    sources = Counter(path.parent.name for path in TEMPLATES)
+    print(f"{len(TEMPLATES)} templates ({dict(sources)})\n")
+    columns = [
+        "templates",
+        "read back",
+        "one sequence",
+        "one sample per turn",
+        "refused (no end-of-turn token)",
+    ]
+    print(f"{'format':42s}" + "".join(f"{c[:14]:>16s}" for c in columns))
+    for name in sorted(table, key=lambda n: (n.startswith("("), -table[n]["templates"])):
+        print(f"{name:42s}" + "".join(f"{table[name][c]:>16d}" for c in columns))
+    totals = Counter()
+    for name, row in table.items():
+        if not name.startswith("("):
+            totals.update(row)
+    print(f"{'all formats':42s}" + "".join(f"{totals[c]:>16d}" for c in columns))
+    print(
+        f"\nauto-detection: mean {1e3 * sum(times) / len(times):.1f} ms, "
+        f"slowest {1e3 * max(times):.1f} ms per template"
+    )
+    print(f"\nparsing {args.turns} one-call turns (toolgym vs vLLM's parser for the format):")
+    for name, ours, peer in parse_speed(samples, args.turns, not args.no_vllm):
+        print(f"  {name:18s} toolgym {ours:.3f} s   vLLM {peer}")
+
+
+if __name__ == "__main__":
+    main()

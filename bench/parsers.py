@@ -70,9 +70,7 @@ def survey() -> tuple[dict, list[float], dict[str, str]]:
             continue
         reply = render_probe(tokenizer, 1)
         samples.setdefault(name, (reply.text, tokenizer))
-        texts = reply_candidates(reply.text, tokenizer)
-        read = [type_arguments(PARSERS[name](t), PROBE_TOOLS) for t in texts]
-        if any([(c.name, c.arguments) for c in p.tool_calls] == PROBE_CALLS[:1] for p in read):
+        if all(_reads_back(name, tokenizer, count) for count in (1, 2)):
             row["read back"] += 1
         try:
             renderer = ChatRenderer(tokenizer)
@@ -81,6 +79,24 @@ def survey() -> tuple[dict, list[float], dict[str, str]]:
             continue
         row["one sample per turn" if renderer.per_turn else "one sequence"] += 1
     return table, times, samples
+
+
+def _reads_back(name: str, tokenizer, count: int) -> bool:
+    """The format's parser reads the template's own `count`-call turn back exactly (True for
+    two calls where the template refuses or drops a second call)."""
+    try:
+        reply = render_probe(tokenizer, count)
+    except ValueError:
+        return count == 2
+    if count == 2 and PROBE_CALLS[1][0] not in reply.text:
+        return True
+    texts = reply_candidates(reply.text, tokenizer)
+    return any(_read(PARSERS[name], text) == PROBE_CALLS[:count] for text in texts)
+
+
+def _read(parser, text: str) -> list:
+    parsed = type_arguments(parser(text), PROBE_TOOLS)
+    return [(getattr(c, "name", None), getattr(c, "arguments", None)) for c in parsed.tool_calls]
 
 
 def _reason(message: str) -> str:
@@ -93,8 +109,9 @@ def _reason(message: str) -> str:
 def parse_speed(samples: dict, turns: int, with_vllm: bool) -> list[tuple[str, float, str]]:
     rows = []
     for name, (text, tokenizer) in sorted(samples.items()):
-        text = reply_candidates(text, tokenizer)[-1]
         parser = PARSERS[name]
+        candidates = reply_candidates(text, tokenizer)
+        text = next((t for t in candidates if _read(parser, t) == PROBE_CALLS[:1]), candidates[-1])
         start = time.perf_counter()
         for _ in range(turns):
             parser(text)

@@ -206,3 +206,23 @@ def test_server_engine_plays_wordle_token_exact_and_reloads_weights(vllm_server)
     engine.update_weights(model)
     assert engine.generate([request])[0].token_ids == first_reply
     engine.close()
+
+
+def test_vllm_tool_parsers_behind_get_parser():
+    """`vllm:<name>` wraps vLLM's own parser: the same calls as toolgym's built-in one, and a
+    call it cannot read is reported as malformed instead of passing as plain text."""
+    from toolgym.agents.parsers import PARSERS, get_parser
+    from toolgym.envs.core import MalformedToolCall, ToolCall
+
+    tokenizer = tiny_tokenizer()
+    tokenizer.add_tokens(["<tool_call>", "</tool_call>"])
+    parse = get_parser("vllm:hermes", tokenizer)
+    text = 'Sure.<tool_call>\n{"name": "guess", "arguments": {"word": "crane"}}\n</tool_call>'
+    parsed = parse(text)
+    assert [(c.name, c.arguments) for c in parsed.tool_calls] == [("guess", {"word": "crane"})]
+    assert all(isinstance(c, ToolCall) for c in parsed.tool_calls)
+    assert parsed.content == PARSERS["hermes"](text).content == "Sure."
+    broken = parse('<tool_call>{"name": "guess", "arguments": {"word"</tool_call>')
+    assert len(broken.tool_calls) == 1 and isinstance(broken.tool_calls[0], MalformedToolCall)
+    with pytest.raises(ValueError, match="vLLM has no tool parser 'nope'"):
+        get_parser("vllm:nope", tokenizer)

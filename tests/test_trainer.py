@@ -211,3 +211,43 @@ def test_bf16_runs_warmup_and_update_under_autocast_and_keeps_float32_weights(to
     trained = dict(trainer._unwrapped.named_parameters())
     assert all(p.dtype == torch.float32 for p in trained.values())
     assert any(not torch.equal(trained[n], before[n]) for n in before)
+
+
+def test_a_template_that_is_not_prefix_preserving_trains_one_sample_per_turn(tmp_path):
+    """Qwen3's real template rewrites a turn once a tool result follows it: the trainer builds
+    each episode one sample per turn, and the update trains on those samples."""
+    from helpers import ids
+    from template_corpus import TEMPLATE_DIR, template_tokenizer
+
+    from toolgym.agents import ScriptedEngine
+
+    tokenizer = template_tokenizer(TEMPLATE_DIR / "trl" / "qwen3.jinja")
+    words = ["slate", "moist", "pound"]
+    guess = (
+        "<think>\nTry {}.\n</think>\n\n<tool_call>\n"
+        '{{"name": "guess", "arguments": {{"word": "{}"}}}}\n</tool_call><|im_end|>'
+    )
+    engine = ScriptedEngine([ids(tokenizer, guess.format(w, w)) for w in words])
+    engine.update_weights = lambda model: None  # a script has no weights to receive
+    model = tiny_model(tokenizer, seed=1)
+    args = config(tmp_path, max_steps=1, parser="auto", env_reward=False)
+
+    def by_position(prompts, completions, trajectories, **_):  # advantages that are not zero
+        return [float(i) for i in range(len(trajectories))]
+
+    trainer = GRPOTrainer(
+        model, "Wordle-v0", rows(2), [by_position], args, tokenizer=tokenizer, engine=engine
+    )
+    assert trainer.agent.renderer.per_turn
+    before = [p.detach().clone() for p in model.parameters()]
+    history = trainer.train()
+    episodes = load_jsonl(tmp_path / "samples.jsonl")
+    assert all(len(t.turns) == 3 and t.status == "max_turns" for t in episodes)
+    for episode in episodes:
+        for turn, following in zip(episode.turns, episode.turns[1:], strict=False):
+            # the next prompt holds this turn's reasoning and the tool result, re-rendered
+            text = tokenizer.decode(following["prompt_ids"])
+            assert "Try " in text and "Guess " in text
+            assert len(following["prompt_ids"]) > len(turn["prompt_ids"])
+    assert math.isfinite(history[0]["loss"])
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))

@@ -272,52 +272,71 @@ def test_hf_engine_update_weights_loads_another_models_weights(tokenizer):
     )
 
 
-# Three template families: ChatML/Hermes (toolgym's template), Qwen3-Coder's XML (a real
-# template, prefix-preserving), and Qwen3 with reasoning (a real template that rewrites earlier
-# turns, so episodes are built one sample per turn).
-XML_GUESS = (
-    "<tool_call>\n<function=guess>\n<parameter=word>\n{word}\n</parameter>\n</function>\n"
-    "</tool_call><|im_end|>"
-)
-THINKING_GUESS = "<think>\nTry {word}.\n</think>\n\n" + GUESS
+# Template families beyond toolgym's own: Qwen3-Coder's XML (prefix-preserving), Qwen3 with
+# reasoning (its own template rewrites earlier turns: toolgym's Qwen3 training template is used),
+# Functionary v3.1 (a call turn ends with <|eom_id|>, not the end-of-turn), and Gemma 4 (not
+# prefix-preserving for text beside a call: one sample per turn; a call turn ends with
+# <|tool_response>). All are real templates.
+FAMILIES = {
+    "chatml": (None, GUESS),
+    "xml": (
+        "llama.cpp/Qwen3-Coder",
+        "<tool_call>\n<function=guess>\n<parameter=word>\n{word}\n</parameter>\n</function>\n"
+        "</tool_call><|im_end|>",
+    ),
+    "qwen3": ("trl/qwen3", "<think>\nTry {word}.\n</think>\n\n" + GUESS),
+    "functionary": (
+        "llama.cpp/meetkai-functionary-medium-v3.1",
+        '<function=guess>{{"word": "{word}"}}</function><|eom_id|>',
+    ),
+    "gemma4": (
+        "trl/gemma4",
+        '<|channel>thought\nTry {word}.<channel|><|tool_call>call:guess{{word:<|"|>{word}<|"|>}}'
+        "<tool_call|><|tool_response>",
+    ),
+}
 
 
 def _family_tokenizer(family: str):
     from template_corpus import TEMPLATE_DIR, template_tokenizer
 
-    paths = {"xml": "llama.cpp/Qwen3-Coder", "per_turn": "trl/qwen3"}
-    if family == "chatml":
-        return tiny_tokenizer()
-    return template_tokenizer(TEMPLATE_DIR / f"{paths[family]}.jinja")
+    path = FAMILIES[family][0]
+    return tiny_tokenizer() if path is None else template_tokenizer(TEMPLATE_DIR / f"{path}.jinja")
 
 
-@pytest.mark.parametrize(
-    ("family", "reply", "per_turn"),
-    [("chatml", GUESS, False), ("xml", XML_GUESS, False), ("per_turn", THINKING_GUESS, True)],
-)
-def test_wordle_episodes_are_token_exact_for_three_template_families(family, reply, per_turn):
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_wordle_episodes_are_token_exact_for_real_template_families(family):
     tokenizer = _family_tokenizer(family)
-    replies = [reply.format(word=w) for w in ("slate", "crane")]
+    replies = [FAMILIES[family][1].format(word=w) for w in ("slate", "crane")]
     agent = Agent(ScriptedEngine([ids(tokenizer, r) for r in replies]), tokenizer, parser="auto")
-    assert agent.renderer.per_turn is per_turn
     tools = toolgym.make("Wordle-v0").tools
     (trajectory,) = agent.run([toolgym.make("Wordle-v0")], wordle_rows(1))
-    assert trajectory.status == "env_done" and trajectory.reward == 1.0
+    assert trajectory.status == "env_done" and trajectory.reward == 1.0, trajectory.error
     assert trajectory.metrics["tool_calls"] == 2 and trajectory.metrics["parse_failures"] == 0
-    if not per_turn:
-        assert trajectory.turns == []
-        assert_token_exact(agent, trajectory, tools)
+    assert agent.renderer.per_turn is (family == "gemma4")
+    assert agent.renderer.training_template == ("qwen3" if family == "qwen3" else None)
+    assistant_at = [i for i, m in enumerate(trajectory.messages) if m["role"] == "assistant"]
+    if not agent.renderer.per_turn:
+        # One sequence: the first reply, the template's suffix, the second reply; and the
+        # sequence up to the second turn is what the template renders for the conversation.
+        first = ids(tokenizer, replies[0])
+        assert trajectory.completion_ids[: len(first)] == first
+        upto = trajectory.prompt_ids + trajectory.completion_ids[: -len(ids(tokenizer, replies[1]))]
+        rendered = agent.renderer.render(trajectory.messages[: assistant_at[1]], tools, True)
+        assert tokenizer.decode(upto) == rendered
+        assert sum(trajectory.loss_mask) == len(first) + len(ids(tokenizer, replies[1]))
+        if family == "chatml":
+            assert_token_exact(agent, trajectory, tools)
         return
     # One sample per turn: its prompt is the template's rendering of the conversation before
-    # the turn, its completion exactly the ids the model sampled.
-    assistant_at = [i for i, m in enumerate(trajectory.messages) if m["role"] == "assistant"]
+    # the turn, its completion exactly the ids the model sampled (through <|tool_response>).
     assert len(trajectory.turns) == 2
+    assert agent.renderer.call_end == "<|tool_response>"
     for turn, at, sampled in zip(trajectory.turns, assistant_at, replies, strict=True):
         assert turn["prompt_ids"] == agent.renderer.prompt_ids(trajectory.messages[:at], tools)
         assert turn["completion_ids"] == ids(tokenizer, sampled)
     assert trajectory.messages[1]["reasoning_content"] == "Try slate."
-    assert trajectory.messages[1]["content"] == ""
-    assert "Try slate." in tokenizer.decode(trajectory.turns[1]["prompt_ids"])
+    assert "Guess 1/6" in tokenizer.decode(trajectory.turns[1]["prompt_ids"])
     assert [sum(s.loss_mask) for s in trajectory.samples()] == [
         len(ids(tokenizer, r)) for r in replies
     ]

@@ -332,7 +332,7 @@ def test_prefix_verdict_per_shape_and_the_episode_build_it_chooses(path):
         with pytest.raises(TemplateError, match=expected):
             ChatRenderer(tokenizer)
         return
-    renderer = ChatRenderer(tokenizer)
+    renderer = ChatRenderer(tokenizer, training_templates=False)  # the template's own verdict
     verdicts = renderer.prefix_report.verdicts
     assert "".join("Y" if v.ok else "n" for v in verdicts) == expected, (
         renderer.prefix_report.describe()
@@ -355,3 +355,48 @@ def test_prefix_verdict_per_shape_and_the_episode_build_it_chooses(path):
 def test_every_template_that_writes_calls_has_a_verdict():
     writing = {name for name, fmt in EXPECTED.items() if fmt not in FAILURES}
     assert set(PREFIX) == writing
+
+
+QWEN3 = ["trl/qwen3", "llama.cpp/Qwen-Qwen3-0.6B"]
+
+
+@pytest.mark.parametrize("name", QWEN3)
+def test_qwen3_is_recognised_and_trained_with_toolgyms_template(name):
+    """Both Qwen3 revisions are recognised; toolgym's training template is prefix-preserving
+    for every shape and writes what Qwen3's own writes wherever that one keeps the text."""
+    tokenizer = template_tokenizer(TEMPLATE_DIR / f"{name}.jinja")
+    renderer = ChatRenderer(tokenizer)
+    assert renderer.training_template == "qwen3" and not renderer.per_turn
+    assert renderer.prefix_report.prefix_preserving
+    call = {
+        "type": "function",
+        "id": "c1",
+        "function": {"name": "lookup", "arguments": {"key": "k"}},
+    }
+    conversation = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "u"},
+        {"role": "assistant", "content": "", "reasoning_content": "R1", "tool_calls": [call]},
+        {"role": "tool", "name": "lookup", "tool_call_id": "c1", "content": "v"},
+        {"role": "assistant", "content": "done", "reasoning_content": "R2"},
+    ]
+    for end in range(2, len(conversation) + 1):
+        for prompt in (False, True):
+            for thinking in ({}, {"enable_thinking": False}):
+                own = tokenizer.apply_chat_template(
+                    conversation[:end],
+                    tools=PROBE_TOOLS,
+                    tokenize=False,
+                    add_generation_prompt=prompt,
+                    **thinking,
+                )
+                ours = renderer.tokenizer.apply_chat_template(
+                    conversation[:end],
+                    tools=PROBE_TOOLS,
+                    tokenize=False,
+                    add_generation_prompt=prompt,
+                    chat_template=renderer.chat_template,
+                    **thinking,
+                )
+                assert ours == own
+    assert ChatRenderer(tokenizer, training_templates=False).per_turn

@@ -214,20 +214,18 @@ def test_bf16_runs_warmup_and_update_under_autocast_and_keeps_float32_weights(to
 
 
 def test_a_template_that_is_not_prefix_preserving_trains_one_sample_per_turn(tmp_path):
-    """Qwen3's real template rewrites a turn once a tool result follows it: the trainer builds
+    """Hermes 3's real template rewrites the end of a tool turn once the next turn follows
+    (`</tool_response><|im_end|>` becomes `</tool_response>\n<|im_end|>`): the trainer builds
     each episode one sample per turn, and the update trains on those samples."""
-    from helpers import ids
+    from helpers import GUESS, ids
     from template_corpus import TEMPLATE_DIR, template_tokenizer
 
     from toolgym.agents import ScriptedEngine
 
-    tokenizer = template_tokenizer(TEMPLATE_DIR / "trl" / "qwen3.jinja")
+    template = "NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja"
+    tokenizer = template_tokenizer(TEMPLATE_DIR / "llama.cpp" / template)
     words = ["slate", "moist", "pound"]
-    guess = (
-        "<think>\nTry {}.\n</think>\n\n<tool_call>\n"
-        '{{"name": "guess", "arguments": {{"word": "{}"}}}}\n</tool_call><|im_end|>'
-    )
-    engine = ScriptedEngine([ids(tokenizer, guess.format(w, w)) for w in words])
+    engine = ScriptedEngine([ids(tokenizer, GUESS.format(word=w)) for w in words])
     engine.update_weights = lambda model: None  # a script has no weights to receive
     model = tiny_model(tokenizer, seed=1)
     args = config(tmp_path, max_steps=1, parser="auto", env_reward=False)
@@ -245,9 +243,9 @@ def test_a_template_that_is_not_prefix_preserving_trains_one_sample_per_turn(tmp
     assert all(len(t.turns) == 3 and t.status == "max_turns" for t in episodes)
     for episode in episodes:
         for turn, following in zip(episode.turns, episode.turns[1:], strict=False):
-            # the next prompt holds this turn's reasoning and the tool result, re-rendered
+            # the next prompt holds this turn's call and its result, re-rendered
             text = tokenizer.decode(following["prompt_ids"])
-            assert "Try " in text and "Guess " in text
+            assert '{"name": "guess"' in text and "Guess 1/6" in text
             assert len(following["prompt_ids"]) > len(turn["prompt_ids"])
     assert math.isfinite(history[0]["loss"])
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))

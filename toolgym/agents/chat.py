@@ -9,6 +9,9 @@ episode is built (`ChatRenderer.per_turn`):
   model turn the tool results are appended as the *suffix* ids the template writes after an
   assistant turn (its closing markup, the tool turns, the next generation prompt). The model's
   own sampled ids are kept as they are, and the whole episode is one training sequence.
+- **a training template** (a recognised family whose own template is not prefix-preserving,
+  Qwen3): toolgym's template for that family, which writes the same conversation but keeps
+  earlier turns as they were, and the episode stays one sequence (`training_template`).
 - **one sample per turn** (any other template): each turn's prompt is the template's own
   rendering of the conversation so far, as a server would feed it; each assistant turn is its
   own training sample (that prompt + the ids the model sampled), all sharing the episode's
@@ -30,6 +33,7 @@ from toolgym.agents.template_check import (
     check_prefix_preserving,
     divergence,
 )
+from toolgym.agents.templates import training_template_for
 
 Message = dict[str, Any]
 logger = logging.getLogger(__name__)
@@ -55,6 +59,9 @@ class ChatRenderer:
         chat_template: A template to use instead of the tokenizer's own.
         per_turn: Build episodes one sample per turn (True), as one sequence (False, refused
             for templates that are not prefix-preserving), or as the template allows (None).
+        training_templates: With `per_turn=None`, replace a recognised family's template that
+            is not prefix-preserving by toolgym's training template for it (Qwen3), so that
+            its episodes stay one sequence; `training_template` names the family used.
         template_kwargs: Extra template variables for every rendering (`enable_thinking`, ...).
     """
 
@@ -63,6 +70,7 @@ class ChatRenderer:
         tokenizer: Any,
         chat_template: str | None = None,
         per_turn: bool | None = None,
+        training_templates: bool = True,
         **template_kwargs: Any,
     ) -> None:
         self.tokenizer = tokenizer
@@ -76,10 +84,14 @@ class ChatRenderer:
             self._find_end_of_turn()
         )
         self.end_of_turn_id = self._single_token_id(self.end_of_turn)
-        self.stop_token_ids = sorted({self.end_of_turn_id, *_eos_ids(tokenizer)})
-        self.prefix_report: PrefixReport = check_prefix_preserving(
-            lambda messages, prompt: self.render(messages, PROBE_TOOLS, prompt), system
-        )
+        self.call_end = self._find_call_end()
+        self.call_end_id = self._single_token_id(self.call_end) if self.call_end else None
+        stops = {self.end_of_turn_id, self.call_end_id, *_eos_ids(tokenizer)}
+        self.stop_token_ids = sorted(stop for stop in stops if stop is not None)
+        self.prefix_report: PrefixReport = self._check(system)
+        self.training_template: str | None = None
+        if per_turn is None and training_templates and not self.prefix_report.prefix_preserving:
+            self._use_training_template(system)
         self.per_turn = self._choose_per_turn(per_turn)
 
     def render(
@@ -125,9 +137,13 @@ class ChatRenderer:
         return self.encode(self.render(messages, tools, add_generation_prompt=True))
 
     def tool_suffix_ids(
-        self, tool_messages: list[Message], tools: list[dict] | None = None
+        self,
+        tool_messages: list[Message],
+        tools: list[dict] | None = None,
+        after_call_end: bool = False,
     ) -> list[int]:
-        """Ids to append after the model's end-of-turn token: tool turns + generation prompt."""
+        """Ids to append after the model's end-of-turn token (or after `call_end`, where the
+        model stopped on that): tool turns + generation prompt."""
         before = [
             {"role": "user", "content": "u"},
             {"role": "assistant", "content": "", "tool_calls": [_PROBE_CALL]},
@@ -139,6 +155,8 @@ class ChatRenderer:
         full = self.render(before + tool_messages, tools, add_generation_prompt=True)
         if not full.startswith(head):
             raise TemplateError(_divergence("adding tool results", head, full))
+        if after_call_end and self.call_end and self.call_end in head:
+            return self.encode(full[head.rindex(self.call_end) + len(self.call_end) :])
         suffix = full[len(head) :]
         if self.end_opens_next_turn:  # the model already wrote it, as its stop token
             suffix = suffix.lstrip().removeprefix(self.end_of_turn)
@@ -177,6 +195,33 @@ class ChatRenderer:
         except Exception:
             return probe.string_arguments, False
         return probe.string_arguments, True
+
+    def _check(self, system: bool) -> PrefixReport:
+        return check_prefix_preserving(
+            lambda messages, prompt: self.render(messages, PROBE_TOOLS, prompt), system
+        )
+
+    def _use_training_template(self, system: bool) -> None:
+        """Swap in toolgym's training template for a recognised family, if it passes."""
+        own = self.chat_template or getattr(self.tokenizer, "chat_template", None)
+        found = training_template_for(own if isinstance(own, str) else None)
+        if found is None:
+            return
+        family, template = found
+        original, report = self.chat_template, self.prefix_report
+        self.chat_template = template
+        self.prefix_report = self._check(system)
+        if not self.prefix_report.prefix_preserving:  # keep the original; train per turn
+            self.chat_template, self.prefix_report = original, report
+            return
+        self.training_template = family
+        logger.info(
+            "the %s chat template is not prefix-preserving:\n%s\nusing toolgym's %s training "
+            "template instead (it keeps every turn's <think> block)",
+            family,
+            report.describe(),
+            family,
+        )
 
     def _choose_per_turn(self, requested: bool | None) -> bool:
         report = self.prefix_report
@@ -224,6 +269,37 @@ class ChatRenderer:
             "end-of-turn token to stop generation on"
         )
 
+    def _find_call_end(self) -> str | None:
+        """A special token other than the end-of-turn that closes a turn of tool calls, which
+        generation must stop on too (Gemma 4's `<|tool_response>`, harmony's `<|call|>`): the
+        last token of the template's tool-call turn, when it is not written between calls."""
+        if self.end_opens_next_turn:
+            return None
+        kwargs = {"chat_template": self.chat_template, **self.template_kwargs}
+        try:
+            one, two = (render_probe(self.tokenizer, n, **kwargs).text.rstrip() for n in (1, 2))
+        except ValueError:
+            return None
+        specials = sorted(self.tokenizer.all_special_tokens, key=len, reverse=True)
+        last = next((token for token in specials if token and one.endswith(token)), None)
+        if last is None or last == self.end_of_turn or last in _eos_tokens(self.tokenizer):
+            return None
+        if two.count(last) > 1:  # written between calls: part of the call syntax
+            return None
+        before = [
+            {"role": "user", "content": "u"},
+            {"role": "assistant", "content": "", "tool_calls": [_PROBE_CALL]},
+        ]
+        result = {"role": "tool", "name": "lookup", "tool_call_id": "call00001", "content": "v"}
+        try:
+            head = self.render(before, PROBE_TOOLS).rstrip()
+            full = self.render([*before, result], PROBE_TOOLS, add_generation_prompt=True)
+        except Exception:
+            return None
+        # It must stay where it is once a tool result follows (not a next-turn opening that
+        # the template writes only after a final message).
+        return last if head.endswith(last) and full.startswith(head) else None
+
     def _leading_special_token(self, text: str) -> tuple[str, str] | None:
         """The special token `text` starts with (after whitespace), and what follows it."""
         stripped = text.lstrip()
@@ -250,6 +326,11 @@ def _encoder(tokenizer: Any) -> Any:
 
 def _divergence(step: str, shorter: str, longer: str) -> str:
     return f"the chat template is not prefix-preserving: {divergence(step, shorter, longer)}"
+
+
+def _eos_tokens(tokenizer: Any) -> set[str]:
+    eos = getattr(tokenizer, "eos_token", None)
+    return {eos} if isinstance(eos, str) else set()
 
 
 def _eos_ids(tokenizer: Any) -> list[int]:

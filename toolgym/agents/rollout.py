@@ -280,9 +280,10 @@ class Episode:
                 return "max_turns"
             if renderer.per_turn:
                 continue  # the next turn's prompt is the template's rendering of it all
-            if completion.token_ids[-1] != renderer.end_of_turn_id:
+            stopped_on_call_end = completion.token_ids[-1] == renderer.call_end_id
+            if completion.token_ids[-1] != renderer.end_of_turn_id and not stopped_on_call_end:
                 trajectory.append([renderer.end_of_turn_id], sampled=False)  # stopped on EOS
-            suffix = renderer.tool_suffix_ids(step.messages, tools)
+            suffix = renderer.tool_suffix_ids(step.messages, tools, stopped_on_call_end)
             if self._room(trajectory) < len(suffix):
                 return "length"
             trajectory.append(suffix, sampled=False)

@@ -11,6 +11,7 @@ from toolgym.agents.parsers import (
     FORMATS,
     PARSERS,
     ParsedMessage,
+    detect_format,
     detect_parser,
     get_parser,
     type_arguments,
@@ -266,3 +267,27 @@ def test_the_readme_table_lists_every_format():
     table = readme.split("| parser | format |", 1)[1].split("\n\n", 1)[0]
     rows = [line for line in table.splitlines() if line.startswith("| `")]
     assert [row.split("`")[1] for row in rows] == list(FORMATS)
+
+
+def test_auto_prefers_the_tokenizers_own_response_template_when_it_reads_calls_back():
+    tokenizer = tiny_tokenizer()  # toolgym's ChatML template: Hermes-style calls
+    tokenizer.response_template = {
+        "defaults": {"role": "assistant"},
+        "start_anchor": "<|im_start|>assistant\n",
+        "fields": {
+            "tool_calls": {
+                "open": "<tool_call>",
+                "close_pattern": r"</tool_call>\s*",
+                "repeats": True,
+                "content": "json",
+                "transform": {"type": "function", "function": "{content}"},
+            },
+            "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+        },
+    }
+    assert detect_format(tokenizer) == "tokenizer"
+    parse = get_parser("auto", tokenizer)
+    parsed = parse('Sure.<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>')
+    assert calls(parsed) == [("f", {"x": 1})] and parsed.content == "Sure."
+    tokenizer.response_template = {"fields": {}}  # reads nothing back: a built-in parser
+    assert detect_format(tokenizer) == "hermes"

@@ -17,7 +17,8 @@ def tokenizer_parser(tokenizer: Any) -> Parser:
 
     def parse(text: str) -> ParsedMessage:
         try:
-            message = tokenizer.parse_response(text)
+            # the text starts after the generation prompt: no prompt text to add (`prefix=""`)
+            message = tokenizer.parse_response(text, prefix="")
         except Exception as error:  # the template's parser can fail on arbitrary text
             return ParsedMessage(
                 text.strip(), [MalformedToolCall(text, f"unreadable response ({error})")]

@@ -37,7 +37,12 @@ def build_agent(args: argparse.Namespace) -> Any:
     limits = AgentLimits(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens)
     sampling = SamplingParams(temperature=args.temperature)
     return Agent(
-        HFEngine(model, tokenizer), tokenizer, parser=args.parser, limits=limits, sampling=sampling
+        HFEngine(model, tokenizer),
+        tokenizer,
+        parser=args.parser,
+        limits=limits,
+        sampling=sampling,
+        chat_template_kwargs=args.chat_template_kwargs,
     )
 
 
@@ -111,7 +116,15 @@ def format_summary(env_id: str, s: dict[str, Any]) -> str:
 def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("env", help="a registered environment id, e.g. Wordle-v0")
     parser.add_argument("--model", default="smollm2-135m", help="hub id, folder, or smollm2-135m")
-    parser.add_argument("--parser", default="auto", help="tool-call parser (auto, hermes, ...)")
+    parser.add_argument(
+        "--parser", default="auto", help="tool-call parser (auto, hermes, vllm:<name>, ...)"
+    )
+    parser.add_argument(
+        "--chat-template-kwargs",
+        type=json.loads,
+        default={},
+        help="template variables as JSON, e.g. '{\"enable_thinking\": false}'",
+    )
     parser.add_argument("--max-turns", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.7)

@@ -397,6 +397,9 @@ class GRPOTrainer:
             self.tokenizer,
             seeds=list(range(len(rows))),
             parser=self.args.parser,
+            chat_template=self.agent.renderer.chat_template,  # a training template, if chosen
+            chat_template_kwargs=self.args.chat_template_kwargs,
+            per_turn=self.agent.renderer.per_turn,
         )
         losses = warmup_sft(self._unwrapped, demos, self.pad_id, config)
         self._unwrapped.eval()

@@ -34,14 +34,25 @@ def demonstrations(
     seeds: Sequence[int | None] | None = None,
     parser: str = "auto",
     chat_template: str | None = None,
+    chat_template_kwargs: dict[str, Any] | None = None,
+    per_turn: bool | None = None,
 ) -> list[Trajectory]:
-    """Play each row with the environment's expert; returns the demonstration trajectories.
+    """Play each row with the environment's expert; returns the demonstration trajectories
+    (built as the RL episodes will be: the same template, template variables and per-turn
+    choice).
 
     Raises:
         ValueError: The environment offers no demonstrations.
     """
     seeds = list(seeds) if seeds is not None else [None] * len(rows)
-    agent = Agent(ScriptedEngine([]), tokenizer, parser=parser, chat_template=chat_template)
+    agent = Agent(
+        ScriptedEngine([]),
+        tokenizer,
+        parser=parser,
+        chat_template=chat_template,
+        chat_template_kwargs=dict(chat_template_kwargs or {}),
+        per_turn=per_turn,
+    )
     trajectories = []
     for row, seed in zip(rows, seeds, strict=True):
         env = as_environment(env_factory())

@@ -10,6 +10,7 @@ from toolgym import MalformedToolCall, ToolCall
 from toolgym.agents.parsers import (
     FORMATS,
     PARSERS,
+    PLAIN_PARSERS,
     ParsedMessage,
     detect_format,
     detect_parser,
@@ -225,18 +226,20 @@ LLAMA3_LIKE = (
 @pytest.mark.parametrize(
     ("template", "expected"),
     [
-        (None, parse_hermes),  # toolgym's own template
-        (QWEN3_CODER_LIKE, parse_qwen3_coder),
-        (MISTRAL_LIKE, parse_mistral),
-        (LLAMA3_LIKE, parse_llama3),
+        (None, "hermes"),  # toolgym's own template
+        (QWEN3_CODER_LIKE, "xml_function"),
+        (MISTRAL_LIKE, "mistral"),
+        (LLAMA3_LIKE, "llama3"),
     ],
 )
 def test_auto_detection_from_the_chat_template(template, expected):
     tokenizer = tiny_tokenizer()
     if template is not None:
         tokenizer.chat_template = template
-    assert detect_parser(tokenizer) is expected
-    assert get_parser("auto", tokenizer) is expected
+    assert detect_format(tokenizer) == expected
+    # none of these templates writes </think>: the parser leaves a "</think>" in the text alone
+    assert detect_parser(tokenizer) is PLAIN_PARSERS[expected]
+    assert get_parser("auto", tokenizer) is PLAIN_PARSERS[expected]
 
 
 def test_auto_detection_failure_says_what_the_template_rendered():
@@ -291,3 +294,75 @@ def test_auto_prefers_the_tokenizers_own_response_template_when_it_reads_calls_b
     assert calls(parsed) == [("f", {"x": 1})] and parsed.content == "Sure."
     tokenizer.response_template = {"fields": {}}  # reads nothing back: a built-in parser
     assert detect_format(tokenizer) == "hermes"
+
+
+def test_the_think_split_applies_where_the_template_writes_think_blocks():
+    from template_corpus import TEMPLATE_DIR, template_tokenizer
+
+    prose = "The answer is 4. Note: the </think> tag closes reasoning."
+    chatml = get_parser("hermes", tiny_tokenizer())  # toolgym's template: no <think>
+    assert (chatml(prose).content, chatml(prose).reasoning) == (prose, "")
+    qwen3 = get_parser("auto", template_tokenizer(TEMPLATE_DIR / "trl" / "qwen3.jinja"))
+    parsed = qwen3("Plan.\n</think>\n\nThe answer is 4.")
+    assert (parsed.reasoning, parsed.content) == ("Plan.", "The answer is 4.")
+    # a </think> inside a call's arguments is the call's text, not the end of reasoning
+    call = '<tool_call>{"name": "f", "arguments": {"text": "strip </think> tags"}}</tool_call>'
+    assert calls(qwen3(call)) == [("f", {"text": "strip </think> tags"})]
+
+
+HOSTILE = [
+    "<tool_call>" + "[" * 5000 + "</tool_call>",  # nesting past the recursion limit
+    '<tool_call>{"name": "f", "arguments": {"x": 1' + "0" * 5000 + "}}</tool_call>",  # 5000 digits
+    "[TOOL_CALLS]" + "[" * 20000,
+    "<|tool_call_start|>[" + "a." * 20000 + "f(x=1)]",
+    "[f(x=" + "not " * 20000 + "1)]",
+    "<|tool_call>call:f{" + "x:{" * 20000,
+    "<|tools_prefix|>" + "[" * 20000,
+    "to=functions.get_weather" * 2000,  # harmony headers with no message
+    " to=functions.get_weather" * 2000,
+    "\n" * 40000,  # a policy stuck on newlines, no </think>
+    "<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json" + " " * 40000,
+    "<|tool_call_begin|>" + " " * 40000,
+    "<tool_call>" * 5000,
+    "<" * 40000,
+    "<parameter=" * 5000,
+    '<invoke name="' * 5000,
+]
+
+
+@pytest.mark.parametrize("index", range(len(HOSTILE)))
+def test_hostile_replies_end_in_a_reading_not_an_exception_or_a_hang(index):
+    """What a policy optimised against the parser might write: every parser returns (a hang
+    would fail on the suite's per-test timeout), and typing by a schema never raises."""
+    text = HOSTILE[index]
+    array = [_tool("f", {"x": {"type": "array"}, "n": {"type": ["integer", "null"]}})]
+    for parser in PARSERS.values():
+        parsed = type_arguments(parser(text), array)
+        assert all(isinstance(c, (ToolCall, MalformedToolCall)) for c in parsed.tool_calls)
+    deep = ToolCall("f", {"x": "[" * 5000, "n": "1" + "0" * 5000})
+    typed = type_arguments(ParsedMessage("", [deep]), array)
+    assert typed.tool_calls[0].arguments == {"x": "[" * 5000, "n": "1" + "0" * 5000}
+
+
+def test_typing_survives_odd_schemas_and_keeps_text_that_is_not_json():
+    parsed = ParsedMessage("", [ToolCall("f", {"a": "2", "b": "NaN", "c": "02134", "d": "7"})])
+    tools = [
+        {"type": "function", "function": {"name": "g", "parameters": None}},
+        {"type": "function", "function": {"name": "h", "parameters": {"properties": {"x": True}}}},
+        _tool(
+            "f",
+            {
+                "a": {"enum": [1, 2, 3]},
+                "b": {"type": "number"},
+                "c": {"type": "integer"},
+                "d": {"anyOf": "not a list"},
+            },
+        ),
+    ]
+    typed = type_arguments(parsed, tools)
+    assert typed.tool_calls[0].arguments == {"a": 2, "b": "NaN", "c": "02134", "d": "7"}
+    gemma = PARSERS["gemma4"]("<|tool_call>call:f{zip:02134,n:1_000,x:nan,y:-2.5e3}<tool_call|>")
+    assert calls(gemma) == [("f", {"zip": "02134", "n": "1_000", "x": "nan", "y": -2500.0})]
+    assert calls(PARSERS["pythonic"]("[f(x={1, 2})]")) == ["malformed"]  # a set is no argument
+    model_id = '<tool_call>{"name": "f", "arguments": {}, "id": "x"}</tool_call>'
+    assert PARSERS["hermes"](model_id).tool_calls[0].id is None  # ids are toolgym's to give

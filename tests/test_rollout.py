@@ -340,3 +340,27 @@ def test_wordle_episodes_are_token_exact_for_real_template_families(family):
     assert [sum(s.loss_mask) for s in trajectory.samples()] == [
         len(ids(tokenizer, r)) for r in replies
     ]
+
+
+def test_glm_turns_end_where_the_next_turn_opens():
+    """GLM's template closes no turn: the model stops on <|observation|> before tool results
+    and on <|user|> after a final answer. Both are stop tokens; the tool results follow the
+    <|observation|> it wrote (not a second one), and a final answer keeps no <|user|>."""
+    from template_corpus import TEMPLATE_DIR, template_tokenizer
+
+    tokenizer = template_tokenizer(TEMPLATE_DIR / "trl" / "glm4moe.jinja")
+    call = (
+        "\n<think></think>\n<tool_call>guess\n<arg_key>word</arg_key>\n<arg_value>slate"
+        "</arg_value>\n</tool_call><|observation|>"
+    )
+    answer = "\n<think></think>\nI give up.<|user|>"
+    engine = ScriptedEngine([ids(tokenizer, call), ids(tokenizer, answer)])
+    agent = Agent(engine, tokenizer, parser="auto")
+    assert agent.renderer.end_opens_next_turn and not agent.renderer.per_turn
+    tools = toolgym.make("Wordle-v0").tools
+    (trajectory,) = agent.run([toolgym.make("Wordle-v0")], wordle_rows(1))
+    assert trajectory.status == "finished" and trajectory.messages[-1]["content"] == "I give up."
+    upto = trajectory.prompt_ids + trajectory.completion_ids[: -len(ids(tokenizer, answer))]
+    rendered = agent.renderer.render(trajectory.messages[:-1], tools, add_generation_prompt=True)
+    assert tokenizer.decode(upto) == rendered
+    assert tokenizer.decode(upto).count("<|observation|>") == 1

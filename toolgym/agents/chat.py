@@ -84,9 +84,12 @@ class ChatRenderer:
             self._find_end_of_turn()
         )
         self.end_of_turn_id = self._single_token_id(self.end_of_turn)
+        self._check_calls_fit_in_one_turn()
         self.call_end = self._find_call_end()
         self.call_end_id = self._single_token_id(self.call_end) if self.call_end else None
         stops = {self.end_of_turn_id, self.call_end_id, *_eos_ids(tokenizer)}
+        if self.end_opens_next_turn:  # a final answer ends where the user's next turn opens
+            stops |= {self._single_token_id(t) for t in self._next_turn_openers()}
         self.stop_token_ids = sorted(stop for stop in stops if stop is not None)
         self.prefix_report: PrefixReport = self._check(system)
         self.training_template: str | None = None
@@ -268,6 +271,38 @@ class ChatRenderer:
             f"{tail[:40]!r}, which does not start with a special token; toolgym needs a special "
             "end-of-turn token to stop generation on"
         )
+
+    def _check_calls_fit_in_one_turn(self) -> None:
+        """Refuse a template that writes its end-of-turn token before the tool calls of a turn
+        (GigaChat 3: the text, then a separate `function call` part): generation would stop
+        before the model wrote a call."""
+        if self.end_opens_next_turn:
+            return
+        kwargs = {"chat_template": self.chat_template, **self.template_kwargs}
+        try:
+            reply = render_probe(self.tokenizer, 1, **kwargs).text
+        except ValueError:
+            return
+        at = reply.find(self.end_of_turn)
+        if at >= 0 and "get_weather" in reply[at:]:
+            raise TemplateError(
+                f"the chat template writes its end-of-turn token {self.end_of_turn!r} before the "
+                f"tool call in an assistant turn ({reply[-200:]!r}); generation stops on that "
+                "token, so the model could never write the call"
+            )
+
+    def _next_turn_openers(self) -> set[str]:
+        """Special tokens that open the turn after a final answer, for templates whose turns end
+        where the next one opens (GLM: `<|user|>`)."""
+        final = [{"role": "user", "content": "u"}, {"role": "assistant", "content": _PROBE_CONTENT}]
+        try:
+            text = self.render([*final, {"role": "user", "content": "u2"}], PROBE_TOOLS)
+        except Exception:
+            return set()
+        found = self._leading_special_token(
+            text[text.rindex(_PROBE_CONTENT) + len(_PROBE_CONTENT) :]
+        )
+        return {found[0]} if found else set()
 
     def _find_call_end(self) -> str | None:
         """A special token other than the end-of-turn that closes a turn of tool calls, which

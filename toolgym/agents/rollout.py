@@ -21,7 +21,7 @@ from toolgym.agents.engines.base import Completion, Engine, GenerationRequest, S
 from toolgym.agents.parsers import ParsedMessage, Parser, get_parser, type_arguments
 from toolgym.agents.trajectory import Status, Trajectory
 from toolgym.envs.adapter import as_environment
-from toolgym.envs.core import Environment, ToolCall, run_coroutine
+from toolgym.envs.core import Environment, MalformedToolCall, ToolCall, run_coroutine
 
 Row = dict[str, Any]
 
@@ -264,7 +264,7 @@ class Episode:
                     }
                 )
             text = self._decode(completion)
-            parsed = _with_call_ids(type_arguments(self.agent.parse(text), tools), turn)
+            parsed = _with_call_ids(self._parse(text, tools), turn)
             self.metrics["parse_failures"] += parsed.failures
             trajectory.messages.append(_assistant_message(text, parsed))
             if completion.finish_reason == "length":
@@ -283,11 +283,25 @@ class Episode:
             stopped_on_call_end = completion.token_ids[-1] == renderer.call_end_id
             if completion.token_ids[-1] != renderer.end_of_turn_id and not stopped_on_call_end:
                 trajectory.append([renderer.end_of_turn_id], sampled=False)  # stopped on EOS
-            suffix = renderer.tool_suffix_ids(step.messages, tools, stopped_on_call_end)
+            try:
+                suffix = renderer.tool_suffix_ids(step.messages, tools, stopped_on_call_end)
+            except Exception as error:
+                raise _EpisodeEnd(
+                    "env_error", f"the chat template cannot render: {error}"
+                ) from error
             if self._room(trajectory) < len(suffix):
                 return "length"
             trajectory.append(suffix, sampled=False)
         return "max_turns"
+
+    def _parse(self, text: str, tools: list[dict]) -> ParsedMessage:
+        """The turn's calls, typed by the tools' schemas; a parser that raises (a user's own)
+        makes the turn one malformed call instead of ending the run."""
+        try:
+            return type_arguments(self.agent.parse(text), tools)
+        except Exception as error:
+            reason = f"the parser failed ({type(error).__name__}: {error})"
+            return ParsedMessage(text.strip(), [MalformedToolCall(text, reason)])
 
     def _start_turn_sample(self, trajectory: Trajectory, tools: list[dict]) -> None:
         """Per-turn episodes: the next turn's prompt is the template's rendering of the
@@ -373,7 +387,12 @@ class Episode:
         added = len(trajectory.prompt_ids) + len(trajectory.completion_ids)
         self.metrics["model_tokens"] = float(model_tokens)
         self.metrics["observation_tokens"] = float(
-            added - getattr(self, "first_prompt_length", len(trajectory.prompt_ids)) - model_tokens
+            max(
+                0,
+                added
+                - getattr(self, "first_prompt_length", len(trajectory.prompt_ids))
+                - model_tokens,
+            )
             if trajectory.turns
             else len(trajectory.loss_mask) - model_tokens
         )

@@ -60,15 +60,16 @@ def collate(
             sample_advantages.append(0.0 if advantages is None else float(advantages[index]))
             sample_used.append(True if used is None else bool(used[index]))
             episode_tokens.append(tokens)
-    return collate_samples(samples, pad_id, sample_advantages, sample_used, episode_tokens)
+    return collate_samples(samples, sample_advantages, sample_used, episode_tokens, pad_id=pad_id)
 
 
 def collate_samples(
     samples: Sequence[Sample],
-    pad_id: int,
     advantages: Sequence[float],
     used: Sequence[bool],
     episode_tokens: Sequence[int],
+    *,
+    pad_id: int,
 ) -> TokenBatch:
     """Pad samples into a TokenBatch."""
     count = len(samples)

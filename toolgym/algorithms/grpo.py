@@ -29,9 +29,9 @@ import toolgym
 from toolgym.agents.engines.base import SamplingParams
 from toolgym.agents.engines.hf import HFEngine
 from toolgym.agents.rollout import Agent, AgentLimits
-from toolgym.agents.trajectory import Trajectory, save_jsonl
+from toolgym.agents.trajectory import Sample, Trajectory, save_jsonl
 from toolgym.algorithms.advantages import group_advantages
-from toolgym.algorithms.batch import collate
+from toolgym.algorithms.batch import collate_samples
 from toolgym.algorithms.checkpoint import load_checkpoint, save_checkpoint
 from toolgym.algorithms.config import GRPOConfig, SFTConfig
 from toolgym.algorithms.losses import StepNormalizer, policy_loss, token_logprobs
@@ -242,7 +242,7 @@ class GRPOTrainer:
         return gather_object(items) if self.accelerator.num_processes > 1 else items
 
     def _valid(self, trajectory: Trajectory) -> bool:
-        if trajectory.failed or not trajectory.completion_ids:
+        if trajectory.failed or not any(s.completion_ids for s in trajectory.samples()):
             return False
         return not (self.args.mask_truncated and trajectory.status in ("length", "max_turns"))
 
@@ -257,14 +257,12 @@ class GRPOTrainer:
         lengths (less padding; the step's loss does not depend on the grouping)."""
         args, device = self.args, self.accelerator.device
         size = args.micro_batch_size
-        order = sorted(range(len(trajectories)), key=lambda i: _length(trajectories[i]))
+        rows = _sample_rows(trajectories, advantages, used)  # one per turn in per-turn episodes
+        order = sorted(range(len(rows)), key=lambda i: _length(rows[i][0]))
         batches = [
-            collate(
-                [trajectories[i] for i in chunk],
-                self.pad_id,
-                advantages[chunk],
-                used[chunk],
-            ).to(device)
+            collate_samples(*zip(*(rows[i] for i in chunk), strict=True), pad_id=self.pad_id).to(
+                device
+            )
             for chunk in (order[i : i + size] for i in range(0, len(order), size))
         ]
         tokens = sum(float(b.loss_mask[:, 1:].sum()) for b in batches)
@@ -464,8 +462,21 @@ def summarize(trajectories: Sequence[Trajectory], success_threshold: float = 1.0
     }
 
 
-def _length(trajectory: Trajectory) -> int:
-    return len(trajectory.prompt_ids) + len(trajectory.completion_ids)
+def _length(sample: Sample) -> int:
+    return len(sample.prompt_ids) + len(sample.completion_ids)
+
+
+def _sample_rows(
+    trajectories: list[Trajectory], advantages: torch.Tensor, used: torch.Tensor
+) -> list[tuple[Sample, float, bool, int]]:
+    """(sample, its episode's advantage, whether the episode enters the loss, the episode's
+    sampled tokens) for every training sample of every trajectory."""
+    rows = []
+    for trajectory, advantage, use in zip(trajectories, advantages, used, strict=True):
+        samples = trajectory.samples()
+        tokens = sum(sum(sample.loss_mask) for sample in samples)
+        rows.extend((sample, float(advantage), bool(use), tokens) for sample in samples)
+    return rows
 
 
 def _groups_without_signal(rewards: list[float], used: torch.Tensor, size: int) -> int:

@@ -20,7 +20,13 @@ from typing import Any
 
 from toolgym.agents.parsers.base import AnyCall, ParsedMessage, Parser, type_arguments
 from toolgym.agents.parsers.detect import detect_format, detect_parser
-from toolgym.agents.parsers.formats import FORMATS, PARSERS, Format
+from toolgym.agents.parsers.formats import (
+    FORMATS,
+    PARSERS,
+    PLAIN_PARSERS,
+    Format,
+    parser_for_template,
+)
 from toolgym.agents.parsers.library import tokenizer_parser, vllm_parser
 
 
@@ -43,12 +49,16 @@ def get_parser(parser: str | Parser, tokenizer: Any = None, **template_kwargs: A
             f"unknown parser {parser!r}; choose one of {sorted(PARSERS)}, 'auto', 'tokenizer', "
             "'vllm:<name>', or pass a callable"
         )
-    return PARSERS[parser]
+    if tokenizer is None:
+        return PARSERS[parser]
+    template = template_kwargs.get("chat_template") or getattr(tokenizer, "chat_template", None)
+    return parser_for_template(parser, template)
 
 
 __all__ = [
     "FORMATS",
     "PARSERS",
+    "PLAIN_PARSERS",
     "AnyCall",
     "Format",
     "ParsedMessage",

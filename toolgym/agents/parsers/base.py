@@ -9,7 +9,6 @@ keep them as strings; `type_arguments` gives them the types the tool's schema de
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,12 +44,31 @@ def first_of(*parsers: Parser) -> Parser:
     return parse
 
 
+# What decoding model text can raise besides a syntax error: nesting deeper than the
+# interpreter's recursion limit, integers longer than Python's digit limit, memory.
+DECODE_ERRORS = (ValueError, RecursionError, MemoryError)
+
+
+def decode_json(text: str) -> tuple[Any, str | None]:
+    """`(value, None)`, or `(None, why not)` for text that is not JSON (never raises; NaN and
+    Infinity are not JSON)."""
+    try:
+        return json.loads(text, parse_constant=_reject_constant), None
+    except json.JSONDecodeError as error:
+        return None, f"invalid JSON ({error.msg} at position {error.pos})"
+    except DECODE_ERRORS as error:
+        return None, f"unreadable JSON ({type(error).__name__})"
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def json_call(text: str, name_keys: tuple[str, ...] = ("name",)) -> AnyCall:
     """A JSON object naming a tool and its arguments -> a call, or why not."""
-    try:
-        decoded = json.loads(text)
-    except json.JSONDecodeError as error:
-        return MalformedToolCall(text, f"invalid JSON ({error.msg} at position {error.pos})")
+    decoded, error = decode_json(text)
+    if error is not None:
+        return MalformedToolCall(text, error)
     return dict_call(decoded, text, name_keys)
 
 
@@ -61,6 +79,7 @@ def dict_call(data: Any, text: str, name_keys: tuple[str, ...] = ("name",)) -> A
             if isinstance(data.get(key), str) and key != "name":
                 data = {"name": data[key], "arguments": data.get("parameters", {})}
                 break
+        data = {k: v for k, v in data.items() if k != "id"}  # ids are toolgym's to give
     return tool_call_from_dict(data, text)
 
 
@@ -75,10 +94,9 @@ def json_arguments_call(name: str, arguments: str, text: str, closed: bool = Fal
         if not closed:
             return MalformedToolCall(text, "the call ends before its arguments (write {} for none)")
         arguments = "{}"
-    try:
-        decoded = json.loads(arguments)
-    except json.JSONDecodeError as error:
-        return MalformedToolCall(text, f"invalid JSON arguments ({error.msg})")
+    decoded, error = decode_json(arguments)
+    if error is not None:
+        return MalformedToolCall(text, f"{error} in the arguments")
     if not isinstance(decoded, dict):
         return MalformedToolCall(text, "the arguments must be a JSON object")
     return ToolCall(name, decoded)
@@ -86,10 +104,8 @@ def json_arguments_call(name: str, arguments: str, text: str, closed: bool = Fal
 
 def json_or_text(value: str) -> Any:
     """JSON values (numbers, lists, objects, booleans) decoded; anything else kept as text."""
-    try:
-        return json.loads(value)
-    except (json.JSONDecodeError, ValueError):
-        return value
+    decoded, error = decode_json(value)
+    return value if error is not None else decoded
 
 
 def blocks(text: str, start: str, end: str) -> list[tuple[str, bool]]:
@@ -137,20 +153,20 @@ def split_top_level(text: str, separator: str) -> list[str]:
     return parts
 
 
-_SCHEMA_TYPES_KEPT_AS_TEXT = {"string"}
-
-
 def type_arguments(parsed: ParsedMessage, tools: list[dict] | None) -> ParsedMessage:
     """Decode text argument values the tool's schema types otherwise (`"2"` -> 2 where the
-    schema says integer, `"[1, 2]"` -> a list where it says array). Values that do not decode
-    stay as written, for the tool's argument check to report."""
+    schema says integer, `"[1, 2]"` -> a list where it says array). Values that do not decode,
+    and schemas it cannot read, leave the value as written, for the tool's argument check to
+    report."""
     if not tools:
         return parsed
-    schemas = {
-        tool["function"]["name"]: tool["function"].get("parameters", {}).get("properties", {})
-        for tool in tools
-        if "function" in tool
-    }
+    schemas = {}
+    for tool in tools:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        parameters = function.get("parameters") if isinstance(function, dict) else None
+        properties = parameters.get("properties") if isinstance(parameters, dict) else None
+        if isinstance(function, dict) and isinstance(properties, dict):
+            schemas[function.get("name")] = properties
     for call in parsed.tool_calls:
         if isinstance(call, ToolCall) and isinstance(call.arguments, dict):
             properties = schemas.get(call.name, {})
@@ -160,11 +176,11 @@ def type_arguments(parsed: ParsedMessage, tools: list[dict] | None) -> ParsedMes
     return parsed
 
 
-def _typed(value: Any, schema: dict | None) -> Any:
-    if not isinstance(value, str) or schema is None:
+def _typed(value: Any, schema: Any) -> Any:
+    if not isinstance(value, str) or not isinstance(schema, dict):
         return value
     declared = _declared_types(schema)
-    if not declared or declared & _SCHEMA_TYPES_KEPT_AS_TEXT:
+    if not declared or "string" in declared:
         return value
     text = value.strip()
     if "boolean" in declared and text in ("True", "False"):
@@ -173,26 +189,54 @@ def _typed(value: Any, schema: dict | None) -> Any:
     return value if isinstance(decoded, str) else decoded
 
 
-def _declared_types(schema: dict) -> set[str]:
+def _declared_types(schema: dict, depth: int = 0) -> set[str]:
+    """The JSON types a schema admits: `type`, its `anyOf`/`oneOf` options, or its enum's."""
     kind = schema.get("type")
     if isinstance(kind, str):
         return {kind}
     if isinstance(kind, list):
         return {k for k in kind if isinstance(k, str)}
     types: set[str] = set()
-    for option in schema.get("anyOf", []) + schema.get("oneOf", []):
-        if isinstance(option, dict):
-            types |= _declared_types(option)
+    enum = schema.get("enum")
+    if isinstance(enum, list):
+        names = {str: "string", bool: "boolean", int: "integer", float: "number"}
+        types |= {names.get(type(v), "object") for v in enum}
+    for key in ("anyOf", "oneOf"):
+        options = schema.get(key)
+        if isinstance(options, list) and depth < 8:
+            for option in options:
+                if isinstance(option, dict):
+                    types |= _declared_types(option, depth + 1)
     return types
 
 
-_THINK = re.compile(r"^\s*(?:<think>)?(.*?)</think>", re.DOTALL)
+# Where a tool call starts, in the formats that may follow a reasoning block: a `</think>`
+# after one of these is inside the call (an argument's text), not the end of reasoning.
+_CALL_STARTS = (
+    "<tool_call",
+    "<function",
+    "<invoke",
+    "[TOOL_CALLS]",
+    "<|tool_call",
+    "<｜tool▁call",
+    "<|START_ACTION|>",
+    "<TOOLCALL>",
+    "<tool_calls>",
+    "<seed:tool_call>",
+    "<minimax:tool_call>",
+)
 
 
 def split_reasoning(text: str) -> tuple[str, str]:
-    """`(reasoning, rest)`: a leading `<think>...</think>` block (the opening tag may be in the
-    prompt) separated from what follows; `("", text)` when there is none."""
-    match = _THINK.match(text)
-    if match is None:
+    """`(reasoning, rest)`: a leading `<think>...</think>` block separated from what follows.
+    Where the opening tag was in the prompt, the text up to the first `</think>` is reasoning
+    unless a tool call started before it (then that `</think>` is inside the call)."""
+    end = text.find("</think>")
+    if end < 0:
         return "", text
-    return match.group(1).strip(), text[match.end() :]
+    before = text[:end].lstrip()
+    if before.startswith("<think>"):  # the model opened the block itself
+        before = before[len("<think>") :]
+    elif "<think>" in before or any(marker in before for marker in _CALL_STARTS):
+        return "", text  # not a leading block: text or a call came first
+    return before.strip(), text[end + len("</think>") :]

@@ -4,10 +4,18 @@ Llama 4) and Gemma 4's `call:NAME{k:<|"|>text<|"|>,n:3}`."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 from typing import Any
 
-from toolgym.agents.parsers.base import AnyCall, ParsedMessage, before, blocks
+from toolgym.agents.parsers.base import (
+    DECODE_ERRORS,
+    AnyCall,
+    ParsedMessage,
+    before,
+    blocks,
+    json_or_text,
+)
 from toolgym.envs.core import MalformedToolCall, ToolCall
 
 _LFM2 = ("<|tool_call_start|>", "<|tool_call_end|>")
@@ -32,6 +40,8 @@ def _pythonic_calls(source: str) -> list[AnyCall]:
         tree = ast.parse(source, mode="eval").body
     except SyntaxError as error:
         return [MalformedToolCall(source, f"not a Python list of calls ({error.msg})")]
+    except DECODE_ERRORS as error:  # nesting past the recursion limit, memory
+        return [MalformedToolCall(source, f"unreadable call ({type(error).__name__})")]
     items = tree.elts if isinstance(tree, (ast.List, ast.Tuple)) else [tree]
     calls: list[AnyCall] = []
     for item in items:
@@ -41,10 +51,12 @@ def _pythonic_calls(source: str) -> list[AnyCall]:
             continue
         try:
             arguments = {kw.arg: ast.literal_eval(kw.value) for kw in item.keywords if kw.arg}
-        except ValueError:
-            calls.append(MalformedToolCall(text, "argument values must be literals"))
+            json.dumps(arguments)  # sets, bytes and complex numbers are no tool arguments
+            name = ast.unparse(item.func)
+        except (TypeError, *DECODE_ERRORS):
+            calls.append(MalformedToolCall(text, "argument values must be JSON-like literals"))
             continue
-        calls.append(ToolCall(ast.unparse(item.func), arguments))
+        calls.append(ToolCall(name, arguments))
     return calls
 
 
@@ -73,8 +85,8 @@ def _gemma_call(body: str) -> AnyCall:
         return MalformedToolCall(body, "expected call:NAME{...}")
     try:
         arguments, end = _GemmaReader(body).mapping(match.end() - 1)
-    except ValueError as error:
-        return MalformedToolCall(body, f"unreadable arguments ({error})")
+    except (ValueError, RecursionError) as error:
+        return MalformedToolCall(body, f"unreadable arguments ({error or type(error).__name__})")
     if body[end:].strip():
         return MalformedToolCall(body, "text after the arguments")
     return ToolCall(match.group(1), arguments)
@@ -143,16 +155,17 @@ class _GemmaReader:
         return i
 
 
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
+
+
 def _bare_literal(token: str) -> Any:
-    """Numbers, true/false and null as Gemma writes them; anything else stays text."""
+    """Numbers (as JSON writes them), true/false and null as Gemma writes them; anything else
+    stays text (`02134`, `1_000` and `nan` too)."""
     lowered = token.lower()
     if lowered in ("true", "false"):
         return lowered == "true"
     if lowered in ("null", "none"):
         return None
-    for kind in (int, float):
-        try:
-            return kind(token)
-        except ValueError:
-            pass
+    if _JSON_NUMBER.fullmatch(token):
+        return json_or_text(token)
     return token

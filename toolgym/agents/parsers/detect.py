@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolgym.agents.parsers.base import ParsedMessage, Parser, type_arguments
-from toolgym.agents.parsers.formats import PARSERS
+from toolgym.agents.parsers.formats import PARSERS, parser_for_template
 from toolgym.agents.parsers.library import tokenizer_parser
 
 # Specific markers first; formats whose text another format could also read come last.
@@ -168,7 +168,10 @@ def detect_format(tokenizer: Any, **template_kwargs: Any) -> str:
 def detect_parser(tokenizer: Any, **template_kwargs: Any) -> Parser:
     """The parser for the tokenizer's chat template (see `detect_format`)."""
     name = detect_format(tokenizer, **template_kwargs)
-    return tokenizer_parser(tokenizer) if name == "tokenizer" else PARSERS[name]
+    if name == "tokenizer":
+        return tokenizer_parser(tokenizer)
+    template = template_kwargs.get("chat_template") or getattr(tokenizer, "chat_template", None)
+    return parser_for_template(name, template)
 
 
 def _reads_back(parser: Parser, text: str, calls: int) -> bool:

@@ -4,6 +4,7 @@ example; `PARSERS` maps every name and alias to its parser."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from toolgym.agents.parsers.base import ParsedMessage, Parser, first_of, split_reasoning
 from toolgym.agents.parsers.call_syntax import parse_gemma4, parse_pythonic
@@ -20,6 +21,7 @@ from toolgym.agents.parsers.json_formats import (
     tagged_json,
 )
 from toolgym.agents.parsers.xml_formats import parse_glm, parse_invoke, parse_xml_function
+from toolgym.envs.core import MalformedToolCall
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,21 @@ _ALIASES = {
 _OWN_REASONING = {"harmony", "gemma4"}
 
 
+def _never_raises(parser: Parser) -> Parser:
+    """A parser that turns anything its format's reader raises into a malformed call (a
+    backstop: the readers catch what they know of)."""
+
+    def parse(text: str) -> ParsedMessage:
+        try:
+            return parser(text)
+        except Exception as error:
+            reason = f"unreadable tool call ({type(error).__name__})"
+            return ParsedMessage(text.strip(), [MalformedToolCall(text, reason)])
+
+    parse.__doc__, parse.__name__ = parser.__doc__, getattr(parser, "__name__", "parse")
+    return parse
+
+
 def _with_think_block(parser: Parser) -> Parser:
     def parse(text: str) -> ParsedMessage:
         reasoning, rest = split_reasoning(text)
@@ -148,8 +165,23 @@ def _with_think_block(parser: Parser) -> Parser:
     return parse
 
 
-PARSERS: dict[str, Parser] = {
-    name: fmt.parser if name in _OWN_REASONING else _with_think_block(fmt.parser)
-    for name, fmt in FORMATS.items()
+PLAIN_PARSERS: dict[str, Parser] = {
+    name: _never_raises(fmt.parser) for name, fmt in FORMATS.items()
 }
+"""Every name and alias -> its parser, without the `<think>` split: for templates that know no
+`<think>` block (where a `</think>` in the text is the model's prose)."""
+PARSERS: dict[str, Parser] = {
+    name: parser if name in _OWN_REASONING else _never_raises(_with_think_block(parser))
+    for name, parser in PLAIN_PARSERS.items()
+}
+"""Every name and alias -> its parser, a leading `<think>` block split off as reasoning."""
 PARSERS.update({alias: PARSERS[target] for alias, target in _ALIASES.items()})
+PLAIN_PARSERS.update({alias: PLAIN_PARSERS[target] for alias, target in _ALIASES.items()})
+
+
+def parser_for_template(name: str, template: Any) -> Parser:
+    """The parser `name`, with the `<think>` split where `template` writes `</think>`."""
+    if isinstance(template, dict):  # named variants
+        template = " ".join(str(t) for t in template.values())
+    thinks = not isinstance(template, str) or "</think>" in template
+    return PARSERS[name] if thinks else PLAIN_PARSERS[name]

@@ -12,12 +12,13 @@ from toolgym.agents.parsers.base import (
     Parser,
     before,
     blocks,
+    decode_json,
     dict_call,
     json_arguments_call,
     json_call,
     split_top_level,
 )
-from toolgym.envs.core import MalformedToolCall
+from toolgym.envs.core import MalformedToolCall, ToolCall
 
 
 def tagged_json(start: str, end: str | None, name_keys: tuple[str, ...] = ("name",)) -> Parser:
@@ -37,13 +38,12 @@ def tagged_json(start: str, end: str | None, name_keys: tuple[str, ...] = ("name
 
 
 def _json_calls(body: str, name_keys: tuple[str, ...]) -> list[AnyCall]:
-    try:
-        decoded = json.loads(body)
-    except json.JSONDecodeError:
+    decoded, error = decode_json(body)
+    if error is not None:
         lines = [line for line in body.splitlines() if line.strip()]
         if len(lines) > 1 and all(line.lstrip().startswith("{") for line in lines):
             return [json_call(line.strip(), name_keys) for line in lines]
-        return [json_call(body, name_keys)]  # reports the JSON error
+        return [MalformedToolCall(body, error)]
     items = decoded if isinstance(decoded, list) else [decoded]
     if not items:
         return [MalformedToolCall(body, "an empty list of tool calls")]
@@ -93,7 +93,6 @@ def parse_mistral(text: str) -> ParsedMessage:
 _DEEPSEEK_CALLS = "<｜tool▁calls▁begin｜>"
 _DEEPSEEK_CALL = ("<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>")
 _DEEPSEEK_SEP = "<｜tool▁sep｜>"
-_FENCED = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*(?:```\s*)?$", re.DOTALL)
 
 
 def parse_deepseek(text: str) -> ParsedMessage:
@@ -109,8 +108,7 @@ def parse_deepseek(text: str) -> ParsedMessage:
             continue
         if first.strip() == "function" and "\n" in rest:  # V3: the name, then fenced JSON
             name, _, arguments = rest.partition("\n")
-            fenced = _FENCED.match(arguments)
-            arguments = fenced.group(1) if fenced else arguments
+            arguments = _unfenced(arguments)
         else:
             name, arguments = first, rest
         calls.append(json_arguments_call(name, arguments, body, closed))
@@ -119,10 +117,25 @@ def parse_deepseek(text: str) -> ParsedMessage:
     return ParsedMessage(before(text, start), calls)
 
 
+def _unfenced(text: str) -> str:
+    """The text inside a Markdown code fence (```json ... ```), or the text as it is."""
+    body = text.strip()
+    if not body.startswith("```"):
+        return text
+    body = body[3:].removeprefix("json")
+    return body[:-3] if body.endswith("```") else body
+
+
 _KIMI_SECTION = "<|tool_calls_section_begin|>"
 _KIMI_CALL = ("<|tool_call_begin|>", "<|tool_call_end|>")
 _KIMI_ARGUMENTS = "<|tool_call_argument_begin|>"
-_KIMI_NAME = re.compile(r"^\s*(?:functions\.)?(.+?)(?::\d+)?\s*$", re.DOTALL)
+
+
+def _kimi_name(head: str) -> str:
+    """`functions.NAME:0` -> NAME."""
+    name = head.strip().removeprefix("functions.")
+    stem, colon, index = name.rpartition(":")
+    return stem if colon and index.isdigit() else name
 
 
 def parse_kimi_k2(text: str) -> ParsedMessage:
@@ -133,11 +146,13 @@ def parse_kimi_k2(text: str) -> ParsedMessage:
     calls: list[AnyCall] = []
     for body, closed in blocks(text, *_KIMI_CALL):
         head, separator, arguments = body.partition(_KIMI_ARGUMENTS)
-        match = _KIMI_NAME.match(head)
-        if not separator or match is None:
+        if not separator:
             calls.append(MalformedToolCall(body, f"expected functions.NAME:0{_KIMI_ARGUMENTS}"))
             continue
-        calls.append(json_arguments_call(match.group(1), arguments, body, closed))
+        call = json_arguments_call(_kimi_name(head), arguments, body, closed)
+        if isinstance(call, ToolCall):
+            call.id = head.strip()  # the template writes it back with the result
+        calls.append(call)
     if not calls:
         calls.append(MalformedToolCall(text, "tool-call section without a call"))
     return ParsedMessage(before(text, start), calls)
@@ -185,10 +200,9 @@ def parse_apertus(text: str) -> ParsedMessage:
         return ParsedMessage(text.strip())
     calls: list[AnyCall] = []
     for body, _closed in blocks(text, start, "<|tools_suffix|>"):
-        try:
-            items = json.loads(body)
-        except json.JSONDecodeError as error:
-            calls.append(MalformedToolCall(body, f"invalid JSON ({error.msg})"))
+        items, error = decode_json(body)
+        if error is not None:
+            calls.append(MalformedToolCall(body, error))
             continue
         for item in items if isinstance(items, list) else [items]:
             if isinstance(item, dict) and len(item) == 1:
@@ -199,32 +213,37 @@ def parse_apertus(text: str) -> ParsedMessage:
     return ParsedMessage(before(text, start), calls)
 
 
-_HARMONY_CALL = re.compile(
-    r"to=functions\.([^\s<]+)[^<]*(?:<\|(?:channel|constrain)\|>[^<]*)*<\|message\|>(.*?)"
-    r"(<\|call\|>|<\|end\|>|\Z)",
-    re.DOTALL,
-)
-_HARMONY_MESSAGE = re.compile(
-    r"<\|channel\|>(analysis|final|commentary)(?:(?!<\|message\|>).)*<\|message\|>(.*?)"
-    r"(?=<\|end\|>|<\|start\|>|<\|call\|>|<\|return\|>|\Z)",
-    re.DOTALL,
-)
+_HARMONY_ENDS = ("<|call|>", "<|end|>", "<|start|>", "<|return|>")
 
 
 def parse_harmony(text: str) -> ParsedMessage:
     """gpt-oss harmony: `to=functions.NAME ... <|message|>{json}<|call|>`; the analysis channel
     is reasoning, the final channel is content."""
-    calls: list[AnyCall] = [
-        json_arguments_call(name, arguments, match.group(0), bool(closing))
-        for match in _HARMONY_CALL.finditer(text)
-        for name, arguments, closing in [match.groups()]
-    ]
+    calls: list[AnyCall] = []
     reasoning, content = [], []
-    for channel, body in _HARMONY_MESSAGE.findall(text):
-        if channel == "analysis":
+    for header, body, closed in _harmony_messages(text):
+        if "to=functions." in header:
+            name = header.split("to=functions.", 1)[1].split(None, 1)
+            name = name[0].split("<|", 1)[0] if name else ""
+            calls.append(json_arguments_call(name, body, header + body, closed))
+        elif "<|channel|>analysis" in header:
             reasoning.append(body.strip())
-        elif channel == "final":
+        elif "<|channel|>final" in header:
             content.append(body.strip())
     if not calls and not reasoning and not content:
         return ParsedMessage(text.strip())
     return ParsedMessage("\n".join(content), calls, "\n".join(reasoning))
+
+
+def _harmony_messages(text: str) -> list[tuple[str, str, bool]]:
+    """Each `<|message|>` with the header before it (since the previous message ended), its
+    body, and whether an end marker closed it."""
+    messages, position = [], 0
+    while (start := text.find("<|message|>", position)) >= 0:
+        header = text[position:start]
+        body_start = start + len("<|message|>")
+        ends = [i for i in (text.find(m, body_start) for m in _HARMONY_ENDS) if i >= 0]
+        end = min(ends) if ends else len(text)
+        messages.append((header, text[body_start:end], bool(ends)))
+        position = end
+    return messages

@@ -69,6 +69,11 @@ def main(output: Path) -> None:
         "weights": weights,
     }
     (output / f"rank{rank}.json").write_text(json.dumps(record))
+    # Tear the gloo group down before exit: left to interpreter shutdown, its threads can abort
+    # the process ("terminate called without an active exception") after the work is done.
+    trainer.accelerator.wait_for_everyone()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

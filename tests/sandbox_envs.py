@@ -101,3 +101,58 @@ class Misbehaving(toolgym.Environment):
     def unserialisable(self) -> str:
         """Return something that is not JSON."""
         return object()  # type: ignore[return-value]
+
+
+class Prober(toolgym.Environment):
+    """Tools a hostile model's code would use to look around and escape (sandbox tests)."""
+
+    def reset(self) -> None:
+        self.reward = 0.0
+
+    def environment(self) -> dict:
+        """The worker's environment variables."""
+        return dict(os.environ)
+
+    def status(self) -> dict:
+        """Capabilities, no_new_privs and the uid, from /proc/self/status."""
+        lines = Path("/proc/self/status").read_text().splitlines()
+        fields = dict(line.split(":", 1) for line in lines if ":" in line)
+        keep = ("Uid", "CapEff", "CapPrm", "CapBnd", "NoNewPrivs")
+        return {key: fields[key].strip() for key in keep}
+
+    def read(self, path: str) -> str:
+        """Read a file.
+
+        Args:
+            path: Which.
+        """
+        return Path(path).read_text()[:200]
+
+    def exists(self, path: str) -> bool:
+        """Whether a path exists.
+
+        Args:
+            path: Which.
+        """
+        return os.path.exists(path)
+
+    def fill_tmp(self, megabytes: int) -> str:
+        """Write a file of this size to /tmp.
+
+        Args:
+            megabytes: How much.
+        """
+        with open("/tmp/fill", "wb") as file:
+            for _ in range(megabytes):
+                file.write(b"\0" * (1 << 20))
+        return "filled"
+
+    def remount_root_read_write(self) -> str:
+        """Try to make / writable again (mount(2) with MS_REMOUNT)."""
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        flags = 32  # MS_REMOUNT
+        if libc.mount(b"none", b"/", None, flags, None) != 0:
+            return f"refused: errno {ctypes.get_errno()}"
+        return "remounted"

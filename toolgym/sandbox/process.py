@@ -8,11 +8,19 @@ not set up):
 - no new processes: a seccomp filter makes fork/vfork/clone fail (threads still work), since
   RLIMIT_NPROC does not bind root; with `max_processes > 0` the filter is off and
   RLIMIT_NPROC applies instead (only when not running as root);
-- with bubblewrap (`apt-get install bubblewrap`): no network (a new network namespace, so the
-  host's loopback services are unreachable too), the host's files read-only, a private
-  /tmp, its own PID namespace, and death with the parent;
+- an allow-listed environment: PATH, HOME=/tmp, LANG, PYTHONPATH and toolgym's own variables,
+  never the host's (no API keys or tokens);
+- with bubblewrap (`apt-get install bubblewrap`): a user namespace in which the worker is uid
+  65534 with no capabilities and no_new_privs; a minimal read-only view of the host (system
+  libraries, the interpreter and its environment, toolgym's source, the environment's own
+  module or package, `extra_paths`) with no home, no `/root`, no `/run` (no host sockets); a
+  private `/tmp` of `tmp_bytes`; no network (its own network namespace, so the host's loopback
+  services are unreachable too), its own PID namespace, and death with the parent. This holds
+  wherever the project and its virtual environment live, `/tmp` included;
 - without bubblewrap: `unshare --net` when permitted (no network), else nothing; the
   filesystem is the host's, and `isolation.notes` says so.
+
+A worker that dies while starting reports the last lines it wrote to stderr.
 """
 
 from __future__ import annotations
@@ -27,8 +35,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from toolgym.sandbox.remote import Channel, Isolation, SandboxError
 
@@ -50,6 +61,8 @@ class ProcessLimits:
     """Largest file the worker may write (RLIMIT_FSIZE)."""
     max_processes: int = 0
     """0: no new processes at all (seccomp). N > 0: RLIMIT_NPROC = N (ignored for root)."""
+    tmp_bytes: int = 64 << 20
+    """Size of the worker's private /tmp (with bubblewrap)."""
 
 
 @dataclass
@@ -70,15 +83,9 @@ class ProcessBackend:
     name: str = "process"
 
     def start(self, target: type | None = None) -> ProcessChannel:
-        command, isolation = self._command()
-        env = {
-            **os.environ,
-            "TOOLGYM_WORKER": "1",
-            "PYTHONPATH": os.pathsep.join([*self.extra_paths, *filter(None, sys.path)]),
-            "PYTHONUNBUFFERED": "1",
-        }
-        if self.limits.max_processes == 0:
-            env["TOOLGYM_NO_NEW_PROCESSES"] = "1"
+        command, isolation = self._command(target)
+        env = _worker_environment(self._import_roots(target), self.limits)
+        stderr = tempfile.TemporaryFile()  # noqa: SIM115 (the channel closes it); explains a death at start
         # Spawned from one long-lived thread: the parent-death signal (and bubblewrap's
         # --die-with-parent) fires when the spawning *thread* exits, and rollouts start
         # workers from short-lived pool threads.
@@ -87,18 +94,18 @@ class ProcessBackend:
             command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=stderr,
             env=env,
             cwd="/tmp",
             preexec_fn=self._limit_child,
             start_new_session=True,
         ).result()
-        channel = ProcessChannel(process, isolation)
+        channel = ProcessChannel(process, isolation, stderr)
         hello = channel.hello(self.start_timeout)
         _record_process_limit(isolation, hello, self.limits)
         return channel
 
-    def _command(self) -> tuple[list[str], Isolation]:
+    def _command(self, target: type | None) -> tuple[list[str], Isolation]:
         limits = self.limits
         isolation = Isolation(
             backend="process",
@@ -112,9 +119,12 @@ class ProcessBackend:
         )
         worker = [sys.executable, "-m", "toolgym.sandbox.worker"]
         bwrap = shutil.which("bwrap") if self.bubblewrap else None
-        if bwrap and _works((bwrap, "--ro-bind", "/", "/", "--unshare-net", "true")):
-            isolation.network, isolation.filesystem = False, "read-only"
-            return [bwrap, *_BWRAP_ARGS, "--", *worker], isolation
+        if bwrap and _works((bwrap, *_BWRAP_PROBE, "--", "true")):
+            isolation.network, isolation.filesystem = False, "minimal read-only view"
+            isolation.user = "uid 65534 in a user namespace, no capabilities, no_new_privs"
+            isolation.limits["tmp_bytes"] = limits.tmp_bytes
+            binds = _read_only_view(self._import_roots(target), target, self.extra_paths)
+            return [bwrap, *_bwrap_arguments(binds, limits.tmp_bytes), "--", *worker], isolation
         isolation.notes.append(
             "bubblewrap unavailable: the worker sees the host's files with the user's rights"
         )
@@ -124,6 +134,18 @@ class ProcessBackend:
             return [unshare, "--net", "--", *worker], isolation
         isolation.notes.append("no network namespace available: the worker has the network")
         return worker, isolation
+
+    def _import_roots(self, target: type | None) -> list[str]:
+        """The folders the worker imports from: `extra_paths`, the one holding the
+        environment's module or package, the one holding toolgym, and the interpreter's own
+        (site-packages and the standard library)."""
+        roots = [*self.extra_paths]
+        module_root = _module_root(target)
+        if module_root is not None:
+            roots.append(str(module_root.parent))
+        roots.append(str(_TOOLGYM_SOURCE.parent))
+        roots += [entry for entry in sys.path if entry and _inside_interpreter(entry)]
+        return list(dict.fromkeys(roots))
 
     def _limit_child(self) -> None:
         """Runs in the child between fork and exec."""
@@ -141,15 +163,103 @@ class ProcessBackend:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-_BWRAP_ARGS = [
-    "--ro-bind", "/", "/",
-    "--dev", "/dev",
-    "--proc", "/proc",
-    "--tmpfs", "/tmp",
-    "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-    "--die-with-parent", "--new-session",
-    "--chdir", "/tmp",
-]  # fmt: skip
+_TOOLGYM_SOURCE = Path(__file__).resolve().parent.parent  # the toolgym package folder
+_SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# Files under /etc that programs read and that hold no secrets.
+_ETC = (
+    "/etc/ld.so.cache",
+    "/etc/localtime",
+    "/etc/alternatives",
+    "/etc/ssl/certs",
+    "/etc/hosts",
+    "/etc/nsswitch.conf",
+)
+_BWRAP_PROBE = ("--unshare-user", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--unshare-net")
+
+
+def _bwrap_arguments(binds: list[str], tmp_bytes: int) -> list[str]:
+    """bubblewrap's arguments: namespaces, no capabilities, the read-only view, a private
+    /tmp of `tmp_bytes`, and a read-only root (bubblewrap's own tmpfs) over it all."""
+    arguments = [
+        "--unshare-user", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL",
+        "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+        "--die-with-parent", "--new-session",
+        "--proc", "/proc", "--dev", "/dev",
+        "--size", str(tmp_bytes), "--tmpfs", "/tmp",
+    ]  # fmt: skip
+    for path in binds:  # after /tmp: a project or venv under /tmp is bound over the tmpfs
+        arguments += ["--ro-bind", path, path]
+    return [*arguments, "--remount-ro", "/", "--chdir", "/tmp"]
+
+
+def _read_only_view(roots: list[str], target: type | None, extra: list[str]) -> list[str]:
+    """What the worker may read: system folders, harmless /etc files, the interpreter (and
+    the base interpreter a venv points to), toolgym, the environment's module or package, and
+    the `extra` folders the user named."""
+    paths = [p for p in (*_SYSTEM, *_ETC) if os.path.exists(p)]
+    paths += [str(Path(p).resolve()) for p in extra]
+    for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}:
+        paths.append(str(Path(prefix).resolve()))
+        paths.append(prefix)
+    paths.append(str(_TOOLGYM_SOURCE))
+    module_root = _module_root(target)
+    if module_root is not None:
+        paths.append(str(module_root))
+    paths += [root for root in roots if _inside_interpreter(root)]
+    existing = [p for p in dict.fromkeys(paths) if os.path.exists(p)]
+    return _outermost(existing)
+
+
+def _module_root(target: type | None) -> Path | None:
+    """The file of the environment's top-level module, or the folder of its top-level
+    package: what the worker needs to import it (and nothing beside it)."""
+    if target is None:
+        return None
+    module = sys.modules.get(target.__module__)
+    file = getattr(module, "__file__", None)
+    if not file:
+        return None
+    path = Path(file).resolve()
+    for _ in target.__module__.split(".")[1:]:
+        path = path.parent
+    if target.__module__.count(".") or path.name == "__init__.py":
+        return path.parent if path.name == "__init__.py" else path
+    return path
+
+
+def _inside_interpreter(path: str) -> bool:
+    """Whether a sys.path entry belongs to the interpreter (stdlib, site-packages)."""
+    resolved = str(Path(path).resolve())
+    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    return any(
+        resolved.startswith(str(Path(p).resolve()) + os.sep) or resolved == p for p in prefixes
+    )
+
+
+def _outermost(paths: list[str]) -> list[str]:
+    """Drop paths inside another one of the list (binding the outer one covers them)."""
+    ordered = sorted(paths, key=len)
+    kept: list[str] = []
+    for path in ordered:
+        if not any(path == k or path.startswith(k.rstrip(os.sep) + os.sep) for k in kept):
+            kept.append(path)
+    return kept
+
+
+def _worker_environment(roots: list[str], limits: ProcessLimits) -> dict[str, str]:
+    """The worker's whole environment: nothing from the host's but the locale."""
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": "/tmp",
+        "LANG": os.environ.get("LANG", "C.UTF-8"),
+        "TOOLGYM_WORKER": "1",
+        "PYTHONPATH": os.pathsep.join(roots),
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    if limits.max_processes == 0:
+        env["TOOLGYM_NO_NEW_PROCESSES"] = "1"
+    return env
 
 
 @functools.cache
@@ -173,11 +283,11 @@ def _record_process_limit(isolation: Isolation, hello: dict, limits: ProcessLimi
 
 
 class ProcessChannel(Channel):
-    """The worker's stdin/stdout pipes."""
+    """The worker's stdin/stdout pipes (and its stderr, kept in a file)."""
 
-    def __init__(self, process: subprocess.Popen, isolation: Isolation) -> None:
+    def __init__(self, process: subprocess.Popen, isolation: Isolation, stderr: Any = None) -> None:
         super().__init__()
-        self.process, self.isolation = process, isolation
+        self.process, self.isolation, self._stderr = process, isolation, stderr
         assert process.stdin is not None and process.stdout is not None
         self._out = process.stdout.fileno()
         os.set_blocking(self._out, False)
@@ -216,15 +326,28 @@ class ProcessChannel(Channel):
                 pass
         if self._selector.get_map() is not None:
             self._selector.close()
+        if self._stderr is not None:
+            self._stderr.close()
 
     def exit_description(self) -> str:
         try:
             code = self.process.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
             return "stream closed"
-        if code < 0:
-            return f"killed by {signal.Signals(-code).name}"
-        return f"exit code {code}"
+        why = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
+        tail = self.stderr_tail()
+        return f"{why}; its stderr ended with: {tail}" if tail else why
+
+    def stderr_tail(self, characters: int = 1500) -> str:
+        """The last characters the worker wrote to stderr."""
+        if self._stderr is None or self._stderr.closed:
+            return ""
+        try:
+            size = self._stderr.seek(0, os.SEEK_END)
+            self._stderr.seek(max(0, size - characters))
+            return self._stderr.read().decode("utf-8", "replace").strip()
+        except (OSError, ValueError):
+            return ""
 
 
 __all__ = ["ProcessBackend", "ProcessChannel", "ProcessLimits", "SandboxError"]

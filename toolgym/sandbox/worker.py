@@ -56,6 +56,7 @@ class Worker:
 
     def serve(self) -> None:
         self._send({"hello": self.hello})
+        _silence_output()
         for line in self.reader:
             try:
                 request = json.loads(line)
@@ -209,6 +210,15 @@ def forbid_new_processes() -> str | None:
     return None
 
 
+def _silence_output() -> None:
+    """After the hello, what the environment prints goes nowhere: the launcher keeps stderr
+    only to explain a death at start, and a flood must not fill a host file or log."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.close(null)
+
+
 def _resolve(value: Any) -> Any:
     return asyncio.run(value) if inspect.iscoroutine(value) else value
 
@@ -224,7 +234,7 @@ def _error(error: BaseException) -> dict[str, str]:
 def main() -> None:
     # The launcher sets TOOLGYM_WORKER=1 (before `toolgym` is imported), so that environment
     # modules load with the standard library alone. The protocol keeps the real stdout;
-    # whatever the environment prints goes to stderr.
+    # whatever the environment prints goes to stderr until the hello, then nowhere.
     protocol_out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr

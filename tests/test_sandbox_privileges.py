@@ -1,0 +1,111 @@
+"""The process backend holds against code that looks around: no privilege, no host secrets,
+no host sockets, a bounded /tmp, and it works wherever the project lives (/tmp included)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import textwrap
+
+import pytest
+from sandbox_envs import Prober
+
+import toolgym
+from toolgym.sandbox import ProcessBackend, ProcessLimits, RemoteEnvironment, SandboxError
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("bwrap") is None and not os.environ.get("TOOLGYM_REQUIRE_SANDBOXES"),
+    reason="bubblewrap is not installed (make sandboxes installs it)",
+)
+
+
+def answer(env, tool: str, **arguments):
+    result = env.step(toolgym.ToolCall(tool, arguments))
+    return result.messages[0]["content"], result.results[0].failure
+
+
+@pytest.fixture
+def prober(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_of_the_host")
+    limits = ProcessLimits(tmp_bytes=8 << 20)
+    env = RemoteEnvironment(Prober, backend=ProcessBackend(limits=limits))
+    env.reset()
+    yield env
+    env.close()
+
+
+def test_no_capabilities_no_new_privileges_and_an_unprivileged_uid(prober):
+    import json
+
+    status = json.loads(answer(prober, "status")[0])
+    assert status["CapEff"] == status["CapPrm"] == status["CapBnd"] == "0000000000000000"
+    assert status["NoNewPrivs"] == "1"
+    assert status["Uid"].split()[0] == "65534"
+    content, _ = answer(prober, "remount_root_read_write")
+    assert content.startswith("refused")
+    assert "no capabilities" in prober.isolation.user
+
+
+def test_no_host_secrets_sockets_or_home(prober):
+    environment = answer(prober, "environment")[0]
+    assert "hf_secret_of_the_host" not in environment and "HF_TOKEN" not in environment
+    for path in (
+        "/etc/shadow",
+        "/run/docker.sock",
+        "/var/run/docker.sock",
+        "/home",
+        "/root/.bashrc",
+    ):
+        assert answer(prober, "exists", path=path)[0] == "false", path
+    # beside the environment's module: only the module itself is visible
+    sibling = os.path.join(os.path.dirname(__file__), "helpers.py")
+    assert answer(prober, "exists", path=sibling)[0] == "false"
+    assert answer(prober, "exists", path=os.path.abspath(__file__))[0] == "false"
+
+
+def test_tmp_is_private_and_bounded(prober):
+    content, failure = answer(prober, "fill_tmp", megabytes=32)  # /tmp holds 8 MiB here
+    assert failure == "tool_exception" and "No space left" in content
+    assert answer(prober, "exists", path="/tmp/fill")[0] == "true"  # its own /tmp
+    assert not os.path.exists("/tmp/fill") or os.path.getsize("/tmp/fill") < (8 << 20) + 1
+
+
+def test_an_environment_module_under_tmp_is_importable(tmp_path, monkeypatch):
+    """A project or virtual environment under /tmp stays visible over the private /tmp."""
+    assert str(tmp_path).startswith("/tmp")
+    (tmp_path / "tmp_project_env.py").write_text(
+        textwrap.dedent(
+            '''
+            import toolgym
+
+            class Echo(toolgym.Environment):
+                def reset(self) -> None:
+                    self.reward = 0.0
+
+                def echo(self, text: str) -> str:
+                    """Echo.
+
+                    Args:
+                        text: Anything.
+                    """
+                    return text
+            '''
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = __import__("tmp_project_env")
+    env = RemoteEnvironment(module.Echo, backend=ProcessBackend())
+    try:
+        env.reset()
+        assert answer(env, "echo", text="from /tmp")[0] == "from /tmp"
+    finally:
+        env.close()
+        sys.modules.pop("tmp_project_env", None)
+
+
+def test_a_worker_that_dies_at_start_says_why(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text("raise SystemExit('refusing to start: no GPU')\n")
+    backend = ProcessBackend(extra_paths=[str(tmp_path)])
+    with pytest.raises(SandboxError, match=r"(?s)stderr ended with.*refusing to start: no GPU"):
+        RemoteEnvironment(Prober, backend=backend).reset()

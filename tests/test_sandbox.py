@@ -26,7 +26,7 @@ import toolgym
 from toolgym.agents import Agent, AgentLimits, ScriptedEngine
 from toolgym.sandbox import SandboxPool, sandboxed
 from toolgym.sandbox.process import ProcessBackend, ProcessLimits
-from toolgym.sandbox.remote import RemoteError, SandboxError
+from toolgym.sandbox.remote import RemoteEnvironment, RemoteError, SandboxError
 from toolgym.testing import tiny_tokenizer
 
 REQUIRED = os.environ.get("TOOLGYM_REQUIRE_SANDBOXES") == "1"
@@ -233,6 +233,34 @@ def test_pool_leases_reuses_and_replaces():
         fresh.close()
 
 
+def test_a_pool_whose_workers_all_died_starts_new_ones():
+    with SandboxPool(Misbehaving, backend="process", size=2) as pool:
+        pool.wait_ready(timeout=60)
+        dead = [pool.lease() for _ in range(2)]
+        for env in dead:
+            env.close()
+        for env in dead:  # both idle again; now every worker dies
+            env._channel.kill()
+        fresh = pool.lease(timeout=60)
+        assert fresh not in dead and fresh.reset(seed=0) == "ready"
+        assert pool.stats["replaced"] >= 2
+        fresh.close()
+
+
+def test_a_pool_that_cannot_start_anything_raises_the_cause(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text("raise SystemExit('no sandbox today')\n")
+    backend = ProcessBackend(extra_paths=[str(tmp_path)])
+    started = time.monotonic()
+    with SandboxPool(Misbehaving, backend=backend, size=2, max_start_failures=3) as pool:
+        cause = r"(?s)no sandbox of Misbehaving could start .* no sandbox today"
+        with pytest.raises(SandboxError, match=cause):
+            pool.lease()
+        with pytest.raises(SandboxError, match="no sandbox today"):
+            pool.wait_ready(timeout=60)
+        assert pool.stats["start_failures"] >= 3
+    assert time.monotonic() - started < 30
+
+
 @needs_docker
 @pytest.mark.docker
 def test_killing_the_parent_leaves_no_container_after_the_next_start(tmp_path):
@@ -307,3 +335,27 @@ def test_the_trainer_plays_its_rollouts_in_sandboxes(tmp_path):
     assert len(created) == 2 and all(isinstance(e, RemoteEnvironment) for e in created)
     assert "env_error" not in metrics["statuses"]
     assert not any(e.alive for e in created)  # closed after the step
+
+
+@needs_docker
+@pytest.mark.docker
+def test_docker_shows_the_module_not_its_folder_and_names_a_missing_image():
+    from sandbox_envs import Prober
+
+    from toolgym.sandbox.docker import DockerBackend
+
+    env = RemoteEnvironment(Prober, backend=DockerBackend())
+    try:
+        env.reset()
+        here = os.path.dirname(os.path.abspath(__file__))
+        visible = call(env, "exists", path="/opt/module/sandbox_envs.py").messages[0]["content"]
+        assert visible == "true"  # the environment's module is mounted...
+        for sibling in ("helpers.py", "test_sandbox.py"):  # ...and nothing beside it
+            for folder in ("/opt/module", "/opt/code/0", here):
+                path = os.path.join(folder, sibling)
+                assert call(env, "exists", path=path).messages[0]["content"] == "false", path
+    finally:
+        env.close()
+    missing = DockerBackend(image="toolgym-no-such-image:none")
+    with pytest.raises(SandboxError, match="does not exist here; build it"):
+        RemoteEnvironment(Misbehaving, backend=missing).reset()

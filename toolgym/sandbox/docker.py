@@ -25,13 +25,13 @@ import shutil
 import socket
 import struct
 import subprocess
-import sys
 import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from toolgym.sandbox.imports import module_root
 from toolgym.sandbox.remote import Channel, Isolation, SandboxError
 
 IMAGE = "toolgym-sandbox:1"
@@ -161,12 +161,17 @@ class DockerBackend:
         reap_orphans(docker_client)
         mounts = {str(_source_root()): {"bind": SOURCE_MOUNT, "mode": "ro"}}
         paths = [SOURCE_MOUNT]
-        for index, host_path in enumerate([*self.code_paths, *_module_roots(target)]):
+        for index, host_path in enumerate(self.code_paths):
             inside = f"/opt/code/{index}"
             mounts[host_path] = {"bind": inside, "mode": "ro"}
             paths.append(inside)
+        root = module_root(target)
+        if root is not None:  # only the module file or package, not the folder around it
+            mounts[str(root)] = {"bind": f"/opt/module/{root.name}", "mode": "ro"}
+            paths.append("/opt/module")
         limits = self.limits
-        container = docker_client.containers.create(
+        container = _create(
+            docker_client,
             self.image,
             command=["python3", "-m", "toolgym.sandbox.worker"],
             stdin_open=True,
@@ -185,6 +190,8 @@ class DockerBackend:
             working_dir="/tmp",
             labels={LABEL: "1", OWNER_LABEL: _owner()},
             auto_remove=True,
+            # the worker silences itself after its hello; this caps what comes before
+            log_config={"type": "json-file", "config": {"max-size": "1m", "max-file": "1"}},
         )
         _started.add(container.id)
         try:
@@ -341,14 +348,17 @@ def _source_root() -> Path:
     return Path(__file__).resolve().parent.parent.parent
 
 
-def _module_roots(target: type | None) -> list[str]:
-    """The import root of `target`'s module when it lives outside toolgym's source."""
-    if target is None:
-        return []
-    module = sys.modules.get(target.__module__)
-    file = getattr(module, "__file__", None)
-    if not file:
-        return []
-    depth = target.__module__.count(".") + 1
-    root = Path(file).resolve().parents[depth - 1]
-    return [] if root == _source_root() else [str(root)]
+def _create(docker_client: Any, image: str, **options: Any) -> Any:
+    """`containers.create`, with Docker's errors (a missing image, a refused option) as a
+    SandboxError that names the cause."""
+    import docker
+
+    try:
+        return docker_client.containers.create(image, **options)
+    except docker.errors.ImageNotFound as error:
+        raise SandboxError(
+            f"the sandbox image {image!r} does not exist here; build it with "
+            f"toolgym.sandbox.docker.build_image() (make sandboxes): {error}"
+        ) from error
+    except docker.errors.DockerException as error:
+        raise SandboxError(f"docker could not create a sandbox container: {error}") from error

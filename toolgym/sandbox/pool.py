@@ -10,8 +10,11 @@
 
 A lease lasts at most `max_lease_seconds`; past that its worker is killed (the episode ends
 with `env_error`) and the instance is not reused. At most `max_instances` workers exist at
-once; `lease` blocks (up to `timeout`) when all are out. An idle instance that fails its
-health check, or has served `max_uses` leases, is replaced.
+once; `lease` blocks (up to `timeout`) when all are out. An instance that fails its health
+check, or has served `max_uses` leases, is replaced. A start that fails is retried with
+backoff (1 s, doubling to 30 s); once `max_start_failures` starts in a row have failed and no
+instance is left, `lease` and `wait_ready` raise `SandboxError` with the last start's error
+instead of waiting.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class SandboxPool:
         max_uses: Leases an instance serves before it is replaced (0: no limit).
         call_timeout: Seconds per request to a worker.
         start_threads: Workers started in parallel.
+        max_start_failures: Failed starts in a row after which an empty pool gives up.
     """
 
     def __init__(
@@ -52,6 +56,7 @@ class SandboxPool:
         max_uses: int = 0,
         call_timeout: float = 30.0,
         start_threads: int = 8,
+        max_start_failures: int = 3,
     ) -> None:
         from toolgym.sandbox import backend as resolve_backend
 
@@ -74,6 +79,10 @@ class SandboxPool:
         self._watchdog = threading.Thread(target=self._expire_leases, daemon=True)
         self._watchdog.start()
         self.stats = {"started": 0, "replaced": 0, "expired": 0, "start_failures": 0}
+        self.max_start_failures = max_start_failures
+        self._failures_in_a_row = 0
+        self.last_start_error: BaseException | None = None
+        self._retry: threading.Timer | None = None
         self._top_up()
 
     # -- leasing ----------------------------------------------------------------------------
@@ -90,6 +99,7 @@ class SandboxPool:
                 self._top_up()
                 return env
             self._retire(env, "replaced")
+            self._top_up()  # a dead instance is replaced, not just dropped
 
     def release(self, env: RemoteEnvironment) -> None:
         """Take an instance back (called by its `close()`); reused if healthy."""
@@ -115,10 +125,11 @@ class SandboxPool:
         deadline = time.monotonic() + timeout
         with self._changed:
             while len(self._idle) < count:
+                self._raise_if_failing()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError(f"{len(self._idle)} of {count} sandboxes ready")
-                self._changed.wait(remaining)
+                self._changed.wait(min(remaining, 1.0))
 
     @property
     def idle(self) -> int:
@@ -136,6 +147,8 @@ class SandboxPool:
             self._idle.clear()
             self._leases.clear()
             self._changed.notify_all()
+        if self._retry is not None:
+            self._retry.cancel()
         self._starter.shutdown(wait=True)
         for env in everyone:
             env.shutdown()
@@ -151,11 +164,21 @@ class SandboxPool:
         while not self._idle:
             if self._closed:
                 raise SandboxError("the pool is closed")
+            self._raise_if_failing()
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise TimeoutError(f"no sandbox free within the timeout ({self.leased} leased)")
             self._changed.wait(remaining if remaining is not None else 1.0)
         return self._idle.pop()  # the most recently used first (warmest)
+
+    def _raise_if_failing(self) -> None:
+        """Called with the lock held: give up when starts keep failing and nothing is left."""
+        nothing_left = not self._idle and not self._leases
+        if nothing_left and self._failures_in_a_row >= self.max_start_failures:
+            raise SandboxError(
+                f"no sandbox of {self.target.__name__} could start ({self._failures_in_a_row} "
+                f"failures in a row); the last: {self.last_start_error}"
+            ) from self.last_start_error
 
     def _alive_count(self) -> int:
         return len(self._idle) + len(self._leases) + self._starting
@@ -183,16 +206,33 @@ class SandboxPool:
                 call_timeout=self.call_timeout,
                 pool=self,
             )
-        except Exception:
-            self.stats["start_failures"] += 1
+        except Exception as error:
+            failure: Exception | None = error
+        else:
+            failure = None
         with self._changed:
             self._starting -= 1
-            if env is not None and not self._closed:
+            if failure is not None:
+                self.stats["start_failures"] += 1
+                self._failures_in_a_row += 1
+                self.last_start_error = failure
+                self._schedule_retry()
+            elif not self._closed:
+                self._failures_in_a_row = 0
                 self._idle.append(env)
                 self.stats["started"] += 1
             self._changed.notify_all()
         if env is not None and self._closed:
             env.shutdown()
+
+    def _schedule_retry(self) -> None:
+        """Called with the lock held: top up again after a backoff (1 s doubling to 30 s)."""
+        if self._closed or (self._retry is not None and self._retry.is_alive()):
+            return
+        delay = min(30.0, 2.0 ** (self._failures_in_a_row - 1))
+        self._retry = threading.Timer(delay, self._top_up)
+        self._retry.daemon = True
+        self._retry.start()
 
     def _retire(self, env: RemoteEnvironment, why: str) -> None:
         self.stats[why] += 1

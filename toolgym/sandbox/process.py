@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from toolgym.sandbox.imports import TOOLGYM_SOURCE, module_root
 from toolgym.sandbox.remote import Channel, Isolation, SandboxError
 
 _PR_SET_PDEATHSIG = 1
@@ -140,10 +141,10 @@ class ProcessBackend:
         environment's module or package, the one holding toolgym, and the interpreter's own
         (site-packages and the standard library)."""
         roots = [*self.extra_paths]
-        module_root = _module_root(target)
-        if module_root is not None:
-            roots.append(str(module_root.parent))
-        roots.append(str(_TOOLGYM_SOURCE.parent))
+        module = module_root(target)
+        if module is not None:
+            roots.append(str(module.parent))
+        roots.append(str(TOOLGYM_SOURCE.parent))
         roots += [entry for entry in sys.path if entry and _inside_interpreter(entry)]
         return list(dict.fromkeys(roots))
 
@@ -163,7 +164,6 @@ class ProcessBackend:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-_TOOLGYM_SOURCE = Path(__file__).resolve().parent.parent  # the toolgym package folder
 _SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 # Files under /etc that programs read and that hold no secrets.
 _ETC = (
@@ -201,30 +201,13 @@ def _read_only_view(roots: list[str], target: type | None, extra: list[str]) -> 
     for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}:
         paths.append(str(Path(prefix).resolve()))
         paths.append(prefix)
-    paths.append(str(_TOOLGYM_SOURCE))
-    module_root = _module_root(target)
-    if module_root is not None:
-        paths.append(str(module_root))
+    paths.append(str(TOOLGYM_SOURCE))
+    module = module_root(target)
+    if module is not None:
+        paths.append(str(module))
     paths += [root for root in roots if _inside_interpreter(root)]
     existing = [p for p in dict.fromkeys(paths) if os.path.exists(p)]
     return _outermost(existing)
-
-
-def _module_root(target: type | None) -> Path | None:
-    """The file of the environment's top-level module, or the folder of its top-level
-    package: what the worker needs to import it (and nothing beside it)."""
-    if target is None:
-        return None
-    module = sys.modules.get(target.__module__)
-    file = getattr(module, "__file__", None)
-    if not file:
-        return None
-    path = Path(file).resolve()
-    for _ in target.__module__.split(".")[1:]:
-        path = path.parent
-    if target.__module__.count(".") or path.name == "__init__.py":
-        return path.parent if path.name == "__init__.py" else path
-    return path
 
 
 def _inside_interpreter(path: str) -> bool:

@@ -359,3 +359,28 @@ def test_docker_shows_the_module_not_its_folder_and_names_a_missing_image():
     missing = DockerBackend(image="toolgym-no-such-image:none")
     with pytest.raises(SandboxError, match="does not exist here; build it"):
         RemoteEnvironment(Misbehaving, backend=missing).reset()
+
+
+@pytest.mark.parametrize("where", ["local", *BACKENDS])
+def test_nothing_the_model_sends_raises_out_of_step(where):
+    """Arguments nested past the limit, too large, or not decodable are answered as invalid
+    arguments, on every backend; text with lone surrogates round-trips."""
+    env = sandboxed(Misbehaving, {}, where)
+    try:
+        env.reset()
+        deep: object = "x"
+        for _ in range(5000):
+            deep = [deep]
+        cases = {
+            "nest deeper than 32": {"text": deep},
+            "too large": {"text": "y" * (5 << 20)},
+            "cannot be read": '{"text": ' + "[" * 3000 + "]" * 3000 + "}",
+        }
+        for reason, arguments in cases.items():
+            result = env.step(toolgym.ToolCall("echo", arguments))
+            assert result.results[0].failure == "invalid_arguments", result.messages
+            assert reason in result.messages[0]["content"]
+        assert call(env, "echo", text="\udc80 odd").messages[0]["content"] == "\udc80 odd"
+        assert call(env, "echo", text="still fine").messages[0]["content"] == "still fine"
+    finally:
+        env.close()

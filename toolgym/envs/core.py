@@ -330,7 +330,7 @@ class PreparedCall:
     def _rendered(self, value: Any) -> ToolResult:
         try:
             return ToolResult(self.call, render_result(value))
-        except TypeError as error:
+        except (TypeError, ValueError, RecursionError) as error:
             return ToolResult(self.call, f"Error: {self.call.name} failed: {error}.", "bad_result")
 
 

@@ -120,27 +120,67 @@ def render_result(value: Any) -> str:
         return value
     try:
         return json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, RecursionError) as error:
         raise TypeError(
             f"the tool returned a {type(value).__name__}, which cannot be converted to JSON "
             f"({error}); return a string or JSON-compatible data"
         ) from None
 
 
+MAX_ARGUMENT_DEPTH = 32
+"""Deepest nesting of lists and objects accepted in a call's arguments."""
+MAX_ARGUMENT_SIZE = 1_000_000
+"""Most characters (strings, keys) plus items accepted in a call's arguments."""
+
+
 def decode_arguments(arguments: Any) -> dict[str, Any]:
-    """Arguments as sent by a model (dict, JSON string, or None) -> dict; ValueError if not."""
+    """Arguments as sent by a model (dict, JSON string, or None) -> dict; ToolArgumentError if
+    not, or if they nest deeper than MAX_ARGUMENT_DEPTH or exceed MAX_ARGUMENT_SIZE."""
     if arguments is None or arguments == "":
         return {}
     if isinstance(arguments, str):
+        if len(arguments) > MAX_ARGUMENT_SIZE:
+            raise ToolArgumentError(_too_large(len(arguments)))
         try:
             arguments = json.loads(arguments)
         except json.JSONDecodeError as error:
             raise ToolArgumentError(f"the arguments are not valid JSON ({error.msg})") from None
+        except (ValueError, RecursionError) as error:
+            raise ToolArgumentError(f"the arguments cannot be read ({error})") from None
     if not isinstance(arguments, dict):
         raise ToolArgumentError(
             f"the arguments must be a JSON object of named values, not {type(arguments).__name__}"
         )
+    _check_shape(arguments)
     return arguments
+
+
+def _check_shape(arguments: dict[str, Any]) -> None:
+    """Depth and size limits, checked without recursion (a hostile value may nest deeply)."""
+    size, stack = 0, [(arguments, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            items = list(value.items())
+            size += len(items) + sum(len(str(key)) for key, _ in items)
+            children = [child for _, child in items]
+        elif isinstance(value, (list, tuple)):
+            size += len(value)
+            children = list(value)
+        else:
+            size += len(value) if isinstance(value, str) else 1
+            children = []
+        if children and depth >= MAX_ARGUMENT_DEPTH:
+            raise ToolArgumentError(
+                f"the arguments nest deeper than {MAX_ARGUMENT_DEPTH} levels of lists and objects"
+            )
+        if size > MAX_ARGUMENT_SIZE:
+            raise ToolArgumentError(_too_large(size))
+        stack.extend((child, depth + 1) for child in children)
+
+
+def _too_large(size: int) -> str:
+    return f"the arguments are too large ({size} characters or more; at most {MAX_ARGUMENT_SIZE})"
 
 
 def _tool_parameters(function: Callable[..., Any], qualified: str) -> list[inspect.Parameter]:
@@ -192,8 +232,16 @@ def _describe_validation_error(error: pydantic.ValidationError) -> str:
         elif item["type"] == "extra_forbidden":
             problems.append(f"unexpected argument '{name}'")
         else:
-            problems.append(f"argument '{name}': {item['msg']} (got {item['input']!r})")
+            problems.append(f"argument '{name}': {item['msg']} (got {_short_repr(item['input'])})")
     return "; ".join(problems)
+
+
+def _short_repr(value: Any, limit: int = 200) -> str:
+    try:
+        text = repr(value)
+    except RecursionError:
+        text = f"<a deeply nested {type(value).__name__}>"
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _type_label(prop: dict[str, Any]) -> str:

@@ -384,3 +384,33 @@ def test_nothing_the_model_sends_raises_out_of_step(where):
         assert call(env, "echo", text="still fine").messages[0]["content"] == "still fine"
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("where", BACKENDS)
+def test_forged_replies_kill_the_worker_and_never_reach_the_next_episode(where):
+    from sandbox_envs import Forger
+
+    env = sandboxed(Forger, {}, where)
+    try:
+        env.reset()
+        # replies for requests not yet asked: caught when the real reply is read
+        with pytest.raises(SandboxError, match="broke the protocol"):
+            for _ in range(3):
+                call(env, "forge", first_id=100, count=5)
+        assert env.reset() is None  # a fresh worker: nothing forged survives
+        assert env.get_reward() == 0.0
+        assert call(env, "forge", first_id=10_000, count=0).messages[0]["content"] == "honest"
+        # a reply for the request being asked: at best one forged answer, then the worker dies
+        outcomes = []
+        for _ in range(3):
+            try:
+                outcomes.append(call(env, "forge", first_id=1, count=300).messages[0]["content"])
+            except SandboxError as error:
+                outcomes.append(str(error))
+                break
+        assert any("broke the protocol" in outcome for outcome in outcomes), outcomes
+        assert outcomes.count("forged") <= 1
+        env.reset()
+        assert env.get_reward() == 0.0
+    finally:
+        env.close()

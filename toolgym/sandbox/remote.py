@@ -105,8 +105,14 @@ class Channel(ABC):
         return message["hello"]
 
     def request(self, op: str, timeout: float, **fields: Any) -> dict[str, Any]:
-        """Send one request and return its reply; raises SandboxTimeout / SandboxError."""
+        """Send one request and return its reply; raises SandboxTimeout / SandboxError.
+
+        Exactly one reply per request: bytes that arrive before a request is sent, a reply to
+        another id, or more bytes after the reply mean that something else is writing to the
+        channel (code the model wrote, forging replies), and the worker is killed.
+        """
         with self._lock:
+            self._refuse_unasked(op)
             self._next_id += 1
             message = {"v": PROTOCOL_VERSION, "id": self._next_id, "op": op, **fields}
             try:
@@ -114,11 +120,31 @@ class Channel(ABC):
             except (OSError, ValueError) as error:
                 self.kill()
                 raise SandboxError(f"worker is gone ({op}): {error}") from error
-            deadline = time.monotonic() + timeout
-            while True:
-                reply = self._read_message(deadline, op)
-                if reply.get("id") == self._next_id:
-                    return reply
+            reply = self._read_message(time.monotonic() + timeout, op)
+            if reply.get("id") != self._next_id:
+                self.kill()
+                raise SandboxError(
+                    f"worker broke the protocol during {op}: a reply to request "
+                    f"{reply.get('id')!r} when {self._next_id} was asked; worker killed"
+                )
+            self._refuse_unasked(op)
+            return reply
+
+    def _refuse_unasked(self, op: str) -> None:
+        """Kill the worker if the channel holds bytes nobody asked for."""
+        extra = self._buffer
+        if not extra and self.alive:
+            try:
+                extra = self._read(0.0)
+            except (TimeoutError, OSError):
+                extra = b""
+        if extra:
+            self._buffer = b""
+            self.kill()
+            raise SandboxError(
+                f"worker broke the protocol around {op}: {len(extra)} bytes nobody asked for "
+                f"({extra[:80]!r}); worker killed"
+            )
 
     def close(self, timeout: float = 2.0) -> None:
         """Ask the worker to exit, then make sure it has."""

@@ -249,3 +249,33 @@ def test_a_template_that_is_not_prefix_preserving_trains_one_sample_per_turn(tmp
             assert len(following["prompt_ids"]) > len(turn["prompt_ids"])
     assert math.isfinite(history[0]["loss"])
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+def test_environments_close_on_every_path(tokenizer, tmp_path):
+    """A reward function that raises ends the step with its error, and every environment the
+    step (or an evaluation) opened is closed: sandboxes and containers do not pile up."""
+    from toolgym.envs.wordle import Wordle
+
+    opened, closed = [], []
+
+    class Counted(Wordle):
+        def __init__(self, **kwargs) -> None:
+            super().__init__(**kwargs)
+            opened.append(self)
+
+        def close(self) -> None:
+            closed.append(self)
+            super().close()
+
+    def broken(prompts, completions, trajectories, **_):
+        raise RuntimeError("a reward function failed")
+
+    model = tiny_model(tokenizer, seed=1)
+    trainer = GRPOTrainer(
+        model, Counted, rows(2), [broken], config(tmp_path, max_steps=1), tokenizer=tokenizer
+    )
+    with pytest.raises(RuntimeError, match="a reward function failed"):
+        trainer.train()
+    assert opened and len(closed) == len(opened)
+    trainer.evaluate(rows(2, seed=3))
+    assert len(closed) == len(opened) == 6 + 2

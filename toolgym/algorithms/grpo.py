@@ -38,6 +38,7 @@ from toolgym.algorithms.losses import StepNormalizer, policy_loss, token_logprob
 from toolgym.algorithms.rewards import RewardFunc, compute_rewards
 from toolgym.algorithms.sft import demonstrations, warmup_sft
 from toolgym.algorithms.tracking import MetricsLog, plot_rewards
+from toolgym.envs.core import close_all
 
 Row = dict[str, Any]
 
@@ -164,20 +165,22 @@ class GRPOTrainer:
         started = time.perf_counter()
         rows, seeds = self._step_rows()
         share = self._my_share(len(rows))
-        envs = [self.make_env() for _ in share]
         mine = [rows[i] for i in share]
-        trajectories = self.agent.run(envs, mine, [seeds[i] for i in share])
-        rollout_seconds = time.perf_counter() - started
-        rewards, sources = compute_rewards(
-            trajectories,
-            mine,
-            envs,
-            self.reward_funcs,
-            self.args.reward_weights,
-            self.args.env_reward,
-        )
-        for env in envs:
-            env.close()
+        envs: list[Any] = []
+        try:  # the environments (sandboxes, containers) close on every path
+            envs.extend(self.make_env() for _ in share)
+            trajectories = self.agent.run(envs, mine, [seeds[i] for i in share])
+            rollout_seconds = time.perf_counter() - started
+            rewards, sources = compute_rewards(
+                trajectories,
+                mine,
+                envs,
+                self.reward_funcs,
+                self.args.reward_weights,
+                self.args.env_reward,
+            )
+        finally:
+            close_all(envs)
         for trajectory, reward in zip(trajectories, rewards, strict=True):
             trajectory.reward = reward
         everyone = self._gather([(t.reward, self._valid(t)) for t in trajectories])
@@ -377,11 +380,13 @@ class GRPOTrainer:
             raise ValueError("no evaluation rows (pass eval_dataset or rows)")
         sampling = self.agent.sampling
         self.agent.sampling = SamplingParams(temperature=temperature, top_p=1.0)
+        envs: list[Any] = []
         try:
-            envs = [self.make_env() for _ in rows]
+            envs.extend(self.make_env() for _ in rows)
             trajectories = self.agent.run(envs, rows, list(range(len(rows))))
         finally:
             self.agent.sampling = sampling
+            close_all(envs)
         if samples_file and self.accelerator.is_main_process:
             save_jsonl(trajectories, self._path(samples_file))
         return summarize(trajectories, self.args.success_threshold)

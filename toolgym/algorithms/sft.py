@@ -24,6 +24,7 @@ from toolgym.algorithms.batch import collate
 from toolgym.algorithms.config import SFTConfig
 from toolgym.algorithms.losses import masked_nll, token_logprobs
 from toolgym.envs.adapter import as_environment
+from toolgym.envs.core import close_all
 
 
 def demonstrations(
@@ -55,20 +56,28 @@ def demonstrations(
     )
     trajectories = []
     for row, seed in zip(rows, seeds, strict=True):
-        env = as_environment(env_factory())
-        env.reset(seed=seed, **{k: v for k, v in row.items() if k != "prompt"})
-        turns = env.demonstration()
-        if turns is None:
-            raise ValueError(f"{type(env).__name__} offers no demonstrations (demonstration())")
-        replies = [
-            agent.renderer.assistant_ids(_assistant_message(calls), env.tools) for calls in turns
-        ]
+        expert = as_environment(env_factory())
+        try:
+            expert.reset(seed=seed, **{k: v for k, v in row.items() if k != "prompt"})
+            turns = expert.demonstration()
+            if turns is None:
+                name = type(expert).__name__
+                raise ValueError(f"{name} offers no demonstrations (demonstration())")
+            replies = [
+                agent.renderer.assistant_ids(_assistant_message(calls), expert.tools)
+                for calls in turns
+            ]
+        finally:
+            expert.close()
         agent.engine = ScriptedEngine(replies)
         agent.limits = AgentLimits(
             max_turns=len(replies), max_new_tokens=max(map(len, replies)), max_episode_tokens=10**9
         )
-        env.close()
-        trajectories.extend(agent.run([env_factory()], [row], [seed]))
+        played = env_factory()
+        try:
+            trajectories.extend(agent.run([played], [row], [seed]))
+        finally:
+            close_all([played])
     return trajectories
 
 

@@ -13,6 +13,7 @@ import concurrent.futures
 import functools
 import inspect
 import json
+import logging
 import os
 import random
 from collections.abc import Callable, Coroutine, Iterable, Mapping
@@ -26,6 +27,8 @@ from toolgym.envs.tools import (
     decode_arguments,
     render_result,
 )
+
+logger = logging.getLogger(__name__)
 
 FailureKind = Literal[
     "malformed",
@@ -405,6 +408,18 @@ def _as_call(call: AnyToolCall) -> ToolCall | MalformedToolCall:
             arguments = body.get("arguments", body.get("parameters", {}))
             return ToolCall(name, arguments, call.get("id"))
     return MalformedToolCall(repr(call), "a tool call needs a 'name' and 'arguments'")
+
+
+def close_all(envs: Iterable[Any]) -> None:
+    """Close every environment that has `close()` (sandboxes and containers stop), even when
+    some fail to: each failure is logged, none stops the others."""
+    for env in envs:
+        close = getattr(env, "close", None)
+        if callable(close):
+            try:
+                close()
+            except Exception:
+                logger.warning("closing %r failed", env, exc_info=True)
 
 
 def run_coroutine(coroutine: Coroutine[Any, Any, Any]) -> Any:

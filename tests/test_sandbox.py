@@ -150,12 +150,18 @@ def test_no_writes_outside_its_tmp_and_no_network(where):
     try:
         env.reset(seed=0)
         socket.create_connection(("127.0.0.1", port), timeout=2).close()  # the host can
-        outside = Path(__file__).parent / f"escaped-{os.getpid()}.txt"  # not under /tmp
-        written = call(env, "write_file", path=str(outside))
-        assert written.results[0].failure == "tool_exception" and not outside.exists()
-        content = written.messages[0]["content"]  # process: read-only; docker: not mounted,
-        refusals = ("Read-only file system", "No such file", "Permission denied")  # or nobody's
-        assert any(refusal in content for refusal in refusals), content
+        for outside in (
+            Path(__file__).parent / f"escaped-{os.getpid()}.txt",  # beside the project's files
+            Path("/var/tmp") / f"escaped-{os.getpid()}.txt",  # a host folder outside /tmp
+        ):
+            written = call(env, "write_file", path=str(outside))
+            assert not outside.exists()  # never on the host
+            if str(outside).startswith("/tmp/"):  # a checkout under /tmp: its private /tmp
+                continue
+            assert written.results[0].failure == "tool_exception"
+            content = written.messages[0]["content"]  # read-only, not mounted, or nobody's
+            refusals = ("Read-only file system", "No such file", "Permission denied")
+            assert any(refusal in content for refusal in refusals), content
         assert call(env, "write_file", path="/tmp/inside.txt").messages[0]["content"] == "written"
         for host in ("127.0.0.1", "192.0.2.1"):
             result = call(env, "connect", host=host, port=port if host == "127.0.0.1" else 80)

@@ -75,7 +75,7 @@ def survey() -> tuple[dict, list[float], dict[str, str]]:
         try:
             renderer = ChatRenderer(tokenizer)
         except TemplateError:
-            row["refused (no end-of-turn token)"] += 1
+            row["refused"] += 1
             continue
         row["one sample per turn" if renderer.per_turn else "one sequence"] += 1
     return table, times, samples
@@ -151,7 +151,7 @@ def main() -> None:
         "read back",
         "one sequence",
         "one sample per turn",
-        "refused (no end-of-turn token)",
+        "refused",
     ]
     print(f"{'format':42s}" + "".join(f"{c[:14]:>16s}" for c in columns))
     for name in sorted(table, key=lambda n: (n.startswith("("), -table[n]["templates"])):

@@ -121,13 +121,12 @@ def test_misbehaving_tools_end_in_named_statuses_and_the_next_episode_runs(where
 
 
 def test_a_huge_allocation_fails_inside_the_sandbox(misbehaving):
-    try:
-        step = call(misbehaving, "allocate", gigabytes=10)
-    except SandboxError as error:  # docker: the kernel's OOM killer takes the container
-        assert "killed" in str(error)
-    else:  # process: RLIMIT_AS turns it into a MemoryError the model reads
-        assert step.results[0].failure == "tool_exception"
-        assert "MemoryError" in step.messages[0]["content"]
+    """On both backends an allocation past the limit is a MemoryError the model reads (the
+    address-space limit fires before docker's OOM killer), and the worker lives on."""
+    step = call(misbehaving, "allocate", gigabytes=10)
+    assert step.results[0].failure == "tool_exception"
+    assert "MemoryError" in step.messages[0]["content"]
+    assert call(misbehaving, "echo", text="same worker").messages[0]["content"] == "same worker"
     misbehaving.reset(seed=1)
     assert call(misbehaving, "echo", text="alive").messages[0]["content"] == "alive"
 
@@ -293,7 +292,7 @@ def test_killing_the_parent_leaves_no_container_after_the_next_start(tmp_path):
         assert parent.stdout.readline().strip() == "ready"
         client = docker.from_env()
         owned = client.containers.list(filters={"label": OWNER_LABEL}, ignore_removed=True)
-        mine = [c for c in owned if c.labels[OWNER_LABEL].endswith(f":{parent.pid}")]
+        mine = [c for c in owned if c.labels[OWNER_LABEL].split(":")[2] == str(parent.pid)]
         assert len(mine) == 8
     finally:
         parent.send_signal(signal.SIGKILL)
@@ -304,7 +303,7 @@ def test_killing_the_parent_leaves_no_container_after_the_next_start(tmp_path):
         return [
             c
             for c in client.containers.list(all=True, filters={"label": LABEL}, ignore_removed=True)
-            if c.labels.get(OWNER_LABEL, "").endswith(f":{parent.pid}")
+            if c.labels.get(OWNER_LABEL, "::").split(":")[2:3] == [str(parent.pid)]
         ]
 
     deadline = time.monotonic() + 20  # removals the daemon has begun may take a moment
@@ -420,3 +419,20 @@ def test_forged_replies_kill_the_worker_and_never_reach_the_next_episode(where):
         assert env.get_reward() == 0.0
     finally:
         env.close()
+
+
+def test_the_reaper_judges_only_owners_it_can_see():
+    """Owner labels name host, boot, pid and start time: containers of another machine on a
+    shared DOCKER_HOST are never reaped; here, a dead or reused pid or a reboot is."""
+    from toolgym.sandbox.docker import _owner, owner_is_dead
+
+    mine = _owner()
+    host, boot, pid, started = mine.split(":")
+    assert not owner_is_dead(mine)
+    assert not owner_is_dead(f"another-machine:{boot}:{pid}:{started}")
+    assert not owner_is_dead("an-old-label:123")  # unknown formats are left alone
+    assert owner_is_dead(f"{host}:an-earlier-boot:{pid}:{started}")
+    assert owner_is_dead(f"{host}:{boot}:{pid}:{int(started) + 1}")  # the pid was reused
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    assert owner_is_dead(f"{host}:{boot}:{dead.pid}:0")

@@ -186,7 +186,13 @@ class DockerBackend:
             security_opt=["no-new-privileges"],
             tmpfs={"/tmp": f"size={limits.tmp_bytes},mode=1777"},
             volumes=mounts,
-            environment={"PYTHONPATH": ":".join(paths), "TOOLGYM_WORKER": "1"},
+            environment={
+                "PYTHONPATH": ":".join(paths),
+                "TOOLGYM_WORKER": "1",
+                # the worker limits its own address space to this, so that an allocation past
+                # the container's memory is a MemoryError the model reads, not an OOM kill
+                "TOOLGYM_MEMORY_BYTES": str(limits.memory_bytes),
+            },
             working_dir="/tmp",
             labels={LABEL: "1", OWNER_LABEL: _owner()},
             auto_remove=True,
@@ -289,8 +295,45 @@ def _boot_id() -> str:
         return socket.gethostname()
 
 
+def _host_id() -> str:
+    """This machine: its machine id where there is one, else its host name."""
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        with contextlib.suppress(OSError):
+            text = Path(path).read_text().strip()
+            if text:
+                return text
+    return socket.gethostname()
+
+
+def _start_time(pid: int) -> str:
+    """When process `pid` started (clock ticks since boot; tells a reused pid apart)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return ""
+    return fields[19] if len(fields) > 19 else ""
+
+
 def _owner(pid: int | None = None) -> str:
-    return f"{_boot_id()}:{pid or os.getpid()}"
+    """The label naming a container's owner: host, boot, pid and the pid's start time."""
+    pid = pid or os.getpid()
+    return f"{_host_id()}:{_boot_id()}:{pid}:{_start_time(pid)}"
+
+
+def owner_is_dead(label: str) -> bool:
+    """Whether the process named by an owner label is gone. Containers of other machines (a
+    shared DOCKER_HOST) are never judged dead: their owners cannot be seen from here."""
+    parts = label.split(":")
+    if len(parts) != 4:
+        return False  # an unknown or older label: leave it alone
+    host, boot, pid, started = parts
+    if host != _host_id():
+        return False
+    if boot != _boot_id():
+        return True  # this machine rebooted since
+    if not pid.isdigit() or not _pid_alive(int(pid)):
+        return True
+    return _start_time(int(pid)) != started  # the pid now belongs to another process
 
 
 def _pid_alive(pid: int) -> bool:
@@ -304,22 +347,19 @@ def _pid_alive(pid: int) -> bool:
 
 
 def reap_orphans(docker_client: Any | None = None, force: bool = False) -> int:
-    """Remove sandbox containers whose owning process is gone (once per process unless
-    `force`); returns how many were removed."""
+    """Remove sandbox containers whose owning process on this machine is gone (once per
+    process unless `force`); returns how many were removed."""
     if _reaped.is_set() and not force:
         return 0
     _reaped.set()
     docker_client = docker_client or client()
-    boot, removed = _boot_id(), 0
+    removed = 0
     for container in docker_client.containers.list(
         all=True, filters={"label": LABEL}, ignore_removed=True
     ):
-        owner = container.labels.get(OWNER_LABEL, "")
-        owner_boot, _, pid = owner.rpartition(":")
-        if owner_boot == boot and pid.isdigit() and _pid_alive(int(pid)):
-            continue
-        _remove(container)
-        removed += 1
+        if owner_is_dead(container.labels.get(OWNER_LABEL, "")):
+            _remove(container)
+            removed += 1
     return removed
 
 

@@ -239,6 +239,11 @@ def main() -> None:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     hello: dict[str, Any] = {}
+    memory = os.environ.get("TOOLGYM_MEMORY_BYTES", "")
+    if memory.isdigit():  # set by backends whose own limit would kill instead (docker)
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (int(memory), int(memory)))
     if os.environ.get("TOOLGYM_NO_NEW_PROCESSES") == "1":
         problem = forbid_new_processes()
         hello["no_new_processes"] = problem is None

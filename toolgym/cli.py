@@ -21,8 +21,13 @@ def list_environments(args: argparse.Namespace) -> int:
     for env_id in toolgym.list_envs(namespace=args.namespace):
         spec = toolgym.spec(env_id)
         print(f"{env_id:24} {spec.description or ''}".rstrip())
-        if args.tools:
-            for tool in toolgym.make(env_id).tools:
+        if args.tools:  # schemas come from the class: no sandbox is started to read them
+            env = toolgym.make(env_id, sandbox="local")
+            try:
+                tools = env.tools
+            finally:
+                env.close()
+            for tool in tools:
                 function = tool["function"]
                 print(f"{'':26}{function['name']}: {function['description']}")
     return 0

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,13 +18,19 @@ from toolgym.algorithms.advantages import group_advantages
 SCRIPT = Path(__file__).parent / "scripts" / "two_process_grpo.py"
 
 
-def launch(output: Path) -> list[dict]:
+def _command(output: Path, *options: str) -> list[str]:
     accelerate = Path(sys.executable).with_name("accelerate")
     command = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2"]
     command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return [*command, str(SCRIPT), str(output), *options]
+
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def launch(output: Path, *options: str) -> list[dict]:
     done = subprocess.run(
-        [*command, str(SCRIPT), str(output)], capture_output=True, text=True, env=env, timeout=300
+        _command(output, *options), capture_output=True, text=True, env=ENV, timeout=300
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads((output / f"rank{rank}.json").read_text()) for rank in (0, 1)]
@@ -46,3 +54,35 @@ def test_rewards_are_gathered_and_the_group_baseline_spans_both_processes(tmp_pa
     assert first["step_reward"] == second["step_reward"] == pytest.approx(sum(rewards) / 4)
     assert first["used_everywhere"] == second["used_everywhere"] == 4
     assert first["weights"] == pytest.approx(second["weights"], rel=1e-9)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU (gloo) path")
+def test_a_run_killed_mid_step_resumes_to_the_same_weights_and_metrics(tmp_path):
+    """SIGKILL both processes in the middle of step 2, resume from checkpoint-1: the weights
+    and step 2's metrics equal those of a run that was never interrupted (every process's
+    random states are in the checkpoint)."""
+    whole = launch(tmp_path / "whole", "2")
+    killed = tmp_path / "killed"
+    run = subprocess.Popen(
+        _command(killed, "2", "--hang-at", "2"),
+        env=ENV,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not (killed / "hanging").exists():
+            assert run.poll() is None and time.monotonic() < deadline, (
+                "the run did not get to step 2"
+            )
+            time.sleep(0.5)
+    finally:
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+    assert (killed / "checkpoint-1" / "rng-1.pt").exists()
+    resumed = launch(killed, "2", "--resume", str(killed / "checkpoint-1"))
+    for rank in (0, 1):
+        assert resumed[rank]["weights"] == pytest.approx(whole[rank]["weights"], rel=1e-9)
+        assert resumed[rank]["step_rewards"]["2"] == whole[rank]["step_rewards"]["2"]
+        assert resumed[rank]["advantages"] == pytest.approx(whole[rank]["advantages"])

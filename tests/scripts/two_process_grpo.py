@@ -1,12 +1,18 @@
-"""One GRPO step on two CPU processes; run by tests/test_distributed.py through
+"""GRPO steps on two CPU processes; run by tests/test_distributed.py through
 `accelerate launch --num_processes 2 --cpu`. Each process writes what it saw to
-`<output>/rank<N>.json`: its rollouts' rewards, the advantages its update used, the step's
-logged reward, and a checksum of the weights after the step."""
+`<output>/rank<N>.json`: its rollouts' rewards, the advantages its last update used, every
+step's logged reward, and a checksum of the weights at the end.
+
+    two_process_grpo.py OUTPUT [STEPS] [--resume CHECKPOINT] [--hang-at STEP]
+
+`--hang-at STEP` writes `<output>/hanging` at the start of that step and waits (to be killed).
+"""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -22,7 +28,15 @@ def completion_reward(prompts, completions, trajectories, **_):
 
 
 class RecordingTrainer(GRPOTrainer):
-    """Keeps the advantages each process hands to its update."""
+    """Keeps the advantages each process hands to its update; can hang at a given step."""
+
+    hang_at: int | None = None
+
+    def training_step(self):
+        if self.step + 1 == self.hang_at:
+            (Path(self.args.output_dir) / "hanging").write_text(str(self.step + 1))
+            time.sleep(600)
+        return super().training_step()
 
     def _update(self, trajectories, advantages, used, used_everywhere):
         self.seen = {
@@ -33,11 +47,11 @@ class RecordingTrainer(GRPOTrainer):
         return super()._update(trajectories, advantages, used, used_everywhere)
 
 
-def main(output: Path) -> None:
+def main(output: Path, steps: int, resume: str | None, hang_at: int | None) -> None:
     tokenizer = tiny_tokenizer()
     args = GRPOConfig(
         output_dir=str(output),
-        max_steps=1,
+        max_steps=steps,
         prompts_per_step=1,
         num_generations=4,
         micro_batch_size=2,
@@ -48,7 +62,8 @@ def main(output: Path) -> None:
         env_reward=False,
         learning_rate=1e-2,
         progress_bar=False,
-        save_steps=0,
+        save_steps=1,
+        batch_wait=60.0,  # batches that do not depend on timing: a resumed run samples the same
     )
     rows = list(toolgym.spec("Wordle-v0").dataset(4, seed=0))
     trainer = RecordingTrainer(
@@ -59,13 +74,17 @@ def main(output: Path) -> None:
         args=args,
         tokenizer=tokenizer,
     )
-    (metrics,) = trainer.train()
+    trainer.hang_at = hang_at
+    history = trainer.train(resume_from_checkpoint=resume)
     rank = trainer.accelerator.process_index
     weights = sum(float(p.detach().double().sum()) for p in trainer._unwrapped.parameters())
     record = {
         **trainer.seen,
         "processes": trainer.accelerator.num_processes,
-        "step_reward": metrics["reward"],
+        "step_reward": history[-1]["reward"],
+        "step_rewards": {
+            str(trainer.step - len(history) + 1 + i): m["reward"] for i, m in enumerate(history)
+        },
         "weights": weights,
     }
     (output / f"rank{rank}.json").write_text(json.dumps(record))
@@ -78,4 +97,12 @@ def main(output: Path) -> None:
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    main(Path(sys.argv[1]))
+    options = sys.argv[1:]
+    resume = options[options.index("--resume") + 1] if "--resume" in options else None
+    hang = int(options[options.index("--hang-at") + 1]) if "--hang-at" in options else None
+    positional = [
+        o
+        for i, o in enumerate(options)
+        if not o.startswith("--") and (i == 0 or not options[i - 1].startswith("--"))
+    ]
+    main(Path(positional[0]), int(positional[1]) if len(positional) > 1 else 1, resume, hang)

@@ -20,28 +20,44 @@ def save_checkpoint(
     scheduler: Any,
     step: int,
 ) -> Path:
-    """Write `folder` with the model (save_pretrained), tokenizer, optimizer, scheduler, the
-    random states of python / numpy / torch, and the step."""
+    """Write `folder` with the model (save_pretrained), tokenizer, optimizer, scheduler, this
+    process's random states (`rng-0.pt`) and the step. Other processes of a distributed run
+    add their own random states with `save_random_states`."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     torch.save(optimizer.state_dict(), folder / "optimizer.pt")
     torch.save(scheduler.state_dict(), folder / "scheduler.pt")
-    rng = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
-    torch.save(rng, folder / "rng.pt")
+    save_random_states(folder, 0)
     (folder / "trainer_state.json").write_text(json.dumps({"step": step}))
     return folder
 
 
+def save_random_states(folder: str | Path, rank: int) -> None:
+    """The python / numpy / torch random states of this process, as `rng-{rank}.pt`, in plain
+    types and tensors only (loadable with `weights_only=True`)."""
+    version, internal, gauss = random.getstate()
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    states = {
+        "python": [version, list(internal), gauss],
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached],
+        "torch": torch.get_rng_state(),
+    }
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    torch.save(states, Path(folder) / f"rng-{rank}.pt")
+
+
 def load_checkpoint(
-    folder: str | Path, model: Any, optimizer: torch.optim.Optimizer, scheduler: Any
+    folder: str | Path,
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    rank: int = 0,
 ) -> int:
-    """Restore what `save_checkpoint` wrote into live objects; returns the step."""
+    """Restore what `save_checkpoint` wrote into live objects (the random states of process
+    `rank`); returns the step. Nothing is unpickled: every file loads with
+    `weights_only=True`."""
     folder = Path(folder)
     if not (folder / "trainer_state.json").exists():
         raise FileNotFoundError(f"{folder} is not a toolgym checkpoint (no trainer_state.json)")
@@ -49,12 +65,20 @@ def load_checkpoint(
     for shard in sorted(folder.glob("*.safetensors")):
         state.update(load_file(shard))
     _load_weights(model, state)
-    optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
-    scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
-    rng = torch.load(folder / "rng.pt", weights_only=False)
-    random.setstate(rng["python"])
-    np.random.set_state(rng["numpy"])
-    torch.set_rng_state(rng["torch"])
+    optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
+    scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
+    rng_file = folder / f"rng-{rank}.pt"
+    if not rng_file.exists():
+        raise FileNotFoundError(
+            f"{folder} holds no random states for process {rank} ({rng_file.name}); it was "
+            "saved by a run with fewer processes"
+        )
+    states = torch.load(rng_file, weights_only=True)
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, position, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, cached))
+    torch.set_rng_state(states["torch"])
     return int(json.loads((folder / "trainer_state.json").read_text())["step"])
 
 

@@ -32,7 +32,11 @@ from toolgym.agents.rollout import Agent, AgentLimits
 from toolgym.agents.trajectory import Sample, Trajectory, save_jsonl
 from toolgym.algorithms.advantages import group_advantages
 from toolgym.algorithms.batch import collate_samples
-from toolgym.algorithms.checkpoint import load_checkpoint, save_checkpoint
+from toolgym.algorithms.checkpoint import (
+    load_checkpoint,
+    save_checkpoint,
+    save_random_states,
+)
 from toolgym.algorithms.config import GRPOConfig, SFTConfig
 from toolgym.algorithms.losses import StepNormalizer, policy_loss, token_logprobs
 from toolgym.algorithms.rewards import RewardFunc, compute_rewards
@@ -134,7 +138,11 @@ class GRPOTrainer:
         metrics of every step. Writes the reward plot and a final checkpoint."""
         if resume_from_checkpoint is not None:
             self.step = load_checkpoint(
-                resume_from_checkpoint, self._unwrapped, self.optimizer, self.scheduler
+                resume_from_checkpoint,
+                self._unwrapped,
+                self.optimizer,
+                self.scheduler,
+                rank=self.accelerator.process_index,
             )
             self.engine.update_weights(self._unwrapped)
         bar = _progress(self.args, self.step, self.accelerator.is_main_process)
@@ -412,12 +420,18 @@ class GRPOTrainer:
         return losses
 
     def save(self, folder: str | Path) -> Path | None:
+        """A checkpoint: the main process writes the model, optimizer and schedule; every
+        process writes its own random states (each samples with its own seed)."""
         self.accelerator.wait_for_everyone()
         if not self.accelerator.is_main_process:
+            save_random_states(folder, self.accelerator.process_index)
+            self.accelerator.wait_for_everyone()
             return None
-        return save_checkpoint(
+        saved = save_checkpoint(
             folder, self._unwrapped, self.tokenizer, self.optimizer, self.scheduler, self.step
         )
+        self.accelerator.wait_for_everyone()
+        return saved
 
     @property
     def _unwrapped(self) -> Any:

@@ -157,6 +157,31 @@ class Prober(toolgym.Environment):
             return f"refused: errno {ctypes.get_errno()}"
         return "remounted"
 
+    def new_user_namespace(self) -> str:
+        """Try unshare(CLONE_NEWUSER | CLONE_NEWNS): capabilities inside a namespace of its own."""
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(0x10000000 | 0x00020000) != 0:
+            return f"refused: errno {ctypes.get_errno()}"
+        return "unshared"
+
+    def fill_shm(self, megabytes: int) -> str:
+        """Write a file of this size to /dev/shm.
+
+        Args:
+            megabytes: How much.
+        """
+        with open("/dev/shm/fill", "wb") as file:
+            for _ in range(megabytes):
+                file.write(b"\0" * (1 << 20))
+        return "filled"
+
+    def poison_reward(self) -> str:
+        """Set the episode's reward to NaN, as code reaching the environment object could."""
+        self.reward = float("nan")
+        return "done"
+
 
 class Forger(toolgym.Environment):
     """A tool that writes forged protocol replies, as code the model wrote could (fd 3 is the

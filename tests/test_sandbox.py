@@ -292,7 +292,7 @@ def test_killing_the_parent_leaves_no_container_after_the_next_start(tmp_path):
         assert parent.stdout.readline().strip() == "ready"
         client = docker.from_env()
         owned = client.containers.list(filters={"label": OWNER_LABEL}, ignore_removed=True)
-        mine = [c for c in owned if c.labels[OWNER_LABEL].split(":")[2] == str(parent.pid)]
+        mine = [c for c in owned if c.labels[OWNER_LABEL].split(":")[3] == str(parent.pid)]
         assert len(mine) == 8
     finally:
         parent.send_signal(signal.SIGKILL)
@@ -303,7 +303,7 @@ def test_killing_the_parent_leaves_no_container_after_the_next_start(tmp_path):
         return [
             c
             for c in client.containers.list(all=True, filters={"label": LABEL}, ignore_removed=True)
-            if c.labels.get(OWNER_LABEL, "::").split(":")[2:3] == [str(parent.pid)]
+            if c.labels.get(OWNER_LABEL, "").split(":")[3:4] == [str(parent.pid)]
         ]
 
     deadline = time.monotonic() + 20  # removals the daemon has begun may take a moment
@@ -427,12 +427,13 @@ def test_the_reaper_judges_only_owners_it_can_see():
     from toolgym.sandbox.docker import _owner, owner_is_dead
 
     mine = _owner()
-    host, boot, pid, started = mine.split(":")
+    host, boot, namespace, pid, started = mine.split(":")
     assert not owner_is_dead(mine)
-    assert not owner_is_dead(f"another-machine:{boot}:{pid}:{started}")
+    assert not owner_is_dead(f"another-machine:{boot}:{namespace}:{pid}:{started}")
+    assert not owner_is_dead(f"{host}:{boot}:another-container:{pid}:{started}")
     assert not owner_is_dead("an-old-label:123")  # unknown formats are left alone
-    assert owner_is_dead(f"{host}:an-earlier-boot:{pid}:{started}")
-    assert owner_is_dead(f"{host}:{boot}:{pid}:{int(started) + 1}")  # the pid was reused
+    assert owner_is_dead(f"{host}:an-earlier-boot:{namespace}:{pid}:{started}")
+    assert owner_is_dead(f"{host}:{boot}:{namespace}:{pid}:{int(started) + 1}")  # pid reused
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    assert owner_is_dead(f"{host}:{boot}:{dead.pid}:0")
+    assert owner_is_dead(f"{host}:{boot}:{namespace}:{dead.pid}:0")

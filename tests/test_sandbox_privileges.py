@@ -44,6 +44,8 @@ def test_no_capabilities_no_new_privileges_and_an_unprivileged_uid(prober):
     assert status["Uid"].split()[0] == "65534"
     content, _ = answer(prober, "remount_root_read_write")
     assert content.startswith("refused")
+    content, _ = answer(prober, "new_user_namespace")  # no namespace of its own to be root in
+    assert content.startswith("refused"), content
     assert "no capabilities" in prober.isolation.user
 
 
@@ -66,6 +68,8 @@ def test_no_host_secrets_sockets_or_home(prober):
 
 def test_tmp_is_private_and_bounded(prober):
     content, failure = answer(prober, "fill_tmp", megabytes=32)  # /tmp holds 8 MiB here
+    assert failure == "tool_exception" and "No space left" in content
+    content, failure = answer(prober, "fill_shm", megabytes=32)  # so does /dev/shm
     assert failure == "tool_exception" and "No space left" in content
     assert answer(prober, "exists", path="/tmp/fill")[0] == "true"  # its own /tmp
     assert not os.path.exists("/tmp/fill") or os.path.getsize("/tmp/fill") < (8 << 20) + 1
@@ -109,3 +113,25 @@ def test_a_worker_that_dies_at_start_says_why(tmp_path):
     backend = ProcessBackend(extra_paths=[str(tmp_path)])
     with pytest.raises(SandboxError, match=r"(?s)stderr ended with.*refusing to start: no GPU"):
         RemoteEnvironment(Prober, backend=backend).reset()
+
+
+def test_a_nan_reward_is_an_env_error_not_a_poisoned_group():
+    """A reward that is not a finite number (code reaching the environment could set one)
+    ends the episode as env_error: excluded from the group's baseline, not NaN advantages."""
+    from helpers import ids
+
+    from toolgym.agents import Agent, ScriptedEngine
+    from toolgym.testing import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    reply = '<tool_call>\n{"name": "poison_reward", "arguments": {}}\n</tool_call><|im_end|>'
+    for backend in ("local", ProcessBackend()):
+        env = Prober() if backend == "local" else RemoteEnvironment(Prober, backend=backend)
+        agent = Agent(ScriptedEngine([ids(tokenizer, reply)]), tokenizer, parser="hermes")
+        agent.limits.max_turns = 1
+        (trajectory,) = agent.run([env], [{"prompt": "go"}])
+        assert trajectory.status == "env_error", trajectory.error
+        # locally the reward check says so; a sandbox's NaN breaks the protocol (no JSON)
+        assert "not a finite number" in trajectory.error or "NaN" in trajectory.error
+        assert trajectory.reward == 0.0
+        env.close()

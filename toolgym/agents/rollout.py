@@ -10,6 +10,7 @@ back only its own episode.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -377,7 +378,10 @@ class Episode:
         )
         try:
             trajectory.reward = float(self.env.get_reward())
+            if not math.isfinite(trajectory.reward):  # one NaN would poison its whole group
+                raise ValueError(f"the reward is {trajectory.reward}, not a finite number")
         except Exception as reward_error:
+            trajectory.reward = 0.0
             trajectory.status, trajectory.error = (
                 "env_error",
                 f"get_reward failed: {reward_error!r}",

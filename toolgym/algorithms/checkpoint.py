@@ -69,10 +69,13 @@ def load_checkpoint(
     scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
     rng_file = folder / f"rng-{rank}.pt"
     if not rng_file.exists():
-        raise FileNotFoundError(
-            f"{folder} holds no random states for process {rank} ({rng_file.name}); it was "
-            "saved by a run with fewer processes"
+        why = (
+            "it was saved by an earlier toolgym (rng.pt, which held the main process's states "
+            "only and loads only by unpickling); resume it with that version"
+            if (folder / "rng.pt").exists()
+            else "it was saved by a run with fewer processes"
         )
+        raise FileNotFoundError(f"{folder} has no random states for process {rank}: {why}")
     states = torch.load(rng_file, weights_only=True)
     version, internal, gauss = states["python"]
     random.setstate((version, tuple(internal), gauss))

@@ -382,6 +382,8 @@ def tool_call_from_json(text: str) -> ToolCall | MalformedToolCall:
         decoded = json.loads(text)
     except json.JSONDecodeError as error:
         return MalformedToolCall(text, f"invalid JSON ({error.msg} at position {error.pos})")
+    except (ValueError, RecursionError) as error:  # digit limit, nesting past the stack
+        return MalformedToolCall(text, f"unreadable JSON ({type(error).__name__})")
     return tool_call_from_dict(decoded, text)
 
 

@@ -57,6 +57,8 @@ def parse_action(text: str) -> list[ToolCall | MalformedToolCall]:
         decoded = json.loads(stripped)
     except json.JSONDecodeError:
         return []  # prose that happens to start with a bracket: a final answer
+    except (ValueError, RecursionError) as error:  # digit limit, nesting past the stack
+        return [MalformedToolCall(stripped[:200], f"unreadable JSON ({type(error).__name__})")]
     items = decoded if isinstance(decoded, list) else [decoded]
     if not items or not all(isinstance(i, dict) and "name" in i for i in items):
         return []

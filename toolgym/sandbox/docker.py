@@ -48,6 +48,11 @@ WORKDIR /tmp
 """
 
 
+# Address space beyond the container's memory for thread stacks and allocator arenas, which
+# reserve virtual memory they mostly never touch.
+_THREAD_MARGIN = 512 << 20
+
+
 def client(timeout: int = 60) -> Any:
     """A docker SDK client from the environment (DOCKER_HOST or the local socket)."""
     try:
@@ -191,7 +196,7 @@ class DockerBackend:
                 "TOOLGYM_WORKER": "1",
                 # the worker limits its own address space to this, so that an allocation past
                 # the container's memory is a MemoryError the model reads, not an OOM kill
-                "TOOLGYM_MEMORY_BYTES": str(limits.memory_bytes),
+                "TOOLGYM_MEMORY_BYTES": str(limits.memory_bytes + _THREAD_MARGIN),
             },
             working_dir="/tmp",
             labels={LABEL: "1", OWNER_LABEL: _owner()},
@@ -314,26 +319,39 @@ def _start_time(pid: int) -> str:
     return fields[19] if len(fields) > 19 else ""
 
 
+def _pid_namespace() -> str:
+    """This process's PID namespace (two trainers in containers on one host share host and
+    boot ids, but not this)."""
+    try:
+        return os.readlink("/proc/self/ns/pid").strip("pid:[]")
+    except OSError:
+        return ""
+
+
 def _owner(pid: int | None = None) -> str:
-    """The label naming a container's owner: host, boot, pid and the pid's start time."""
+    """The label naming a container's owner: host, boot, PID namespace, pid and the pid's
+    start time."""
     pid = pid or os.getpid()
-    return f"{_host_id()}:{_boot_id()}:{pid}:{_start_time(pid)}"
+    return f"{_host_id()}:{_boot_id()}:{_pid_namespace()}:{pid}:{_start_time(pid)}"
 
 
 def owner_is_dead(label: str) -> bool:
     """Whether the process named by an owner label is gone. Containers of other machines (a
     shared DOCKER_HOST) are never judged dead: their owners cannot be seen from here."""
     parts = label.split(":")
-    if len(parts) != 4:
+    if len(parts) != 5:
         return False  # an unknown or older label: leave it alone
-    host, boot, pid, started = parts
+    host, boot, namespace, pid, started = parts
     if host != _host_id():
         return False
     if boot != _boot_id():
         return True  # this machine rebooted since
+    if namespace != _pid_namespace():
+        return False  # another container's processes: not ours to judge
     if not pid.isdigit() or not _pid_alive(int(pid)):
         return True
-    return _start_time(int(pid)) != started  # the pid now belongs to another process
+    now = _start_time(int(pid))
+    return bool(now) and now != started  # the pid now belongs to another process
 
 
 def _pid_alive(pid: int) -> bool:

@@ -173,7 +173,7 @@ class SandboxPool:
 
     def _raise_if_failing(self) -> None:
         """Called with the lock held: give up when starts keep failing and nothing is left."""
-        nothing_left = not self._idle and not self._leases
+        nothing_left = not self._idle and not self._leases and not self._starting
         if nothing_left and self._failures_in_a_row >= self.max_start_failures:
             raise SandboxError(
                 f"no sandbox of {self.target.__name__} could start ({self._failures_in_a_row} "

@@ -177,27 +177,35 @@ _ETC = (
 _BWRAP_PROBE = ("--unshare-user", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--unshare-net")
 
 
-def _bwrap_arguments(binds: list[str], tmp_bytes: int) -> list[str]:
-    """bubblewrap's arguments: namespaces, no capabilities, the read-only view, a private
-    /tmp of `tmp_bytes`, and a read-only root (bubblewrap's own tmpfs) over it all."""
+def _bwrap_arguments(binds: list[tuple[str, str]], tmp_bytes: int) -> list[str]:
+    """bubblewrap's arguments: namespaces (no nested user namespaces: model code cannot gain
+    capabilities in one of its own), no capabilities, the read-only view (`(source, path)`
+    pairs), a private /tmp and /dev/shm of `tmp_bytes` each, a read-only /dev, and a read-only
+    root (bubblewrap's own tmpfs) over it all."""
     arguments = [
-        "--unshare-user", "--uid", "65534", "--gid", "65534", "--cap-drop", "ALL",
+        "--unshare-user", "--disable-userns", "--uid", "65534", "--gid", "65534",
+        "--cap-drop", "ALL",
         "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
         "--die-with-parent", "--new-session",
         "--proc", "/proc", "--dev", "/dev",
+        "--size", str(tmp_bytes), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
         "--size", str(tmp_bytes), "--tmpfs", "/tmp",
     ]  # fmt: skip
-    for path in binds:  # after /tmp: a project or venv under /tmp is bound over the tmpfs
-        arguments += ["--ro-bind", path, path]
+    for source, path in binds:  # after /tmp: a project or venv under /tmp is bound over it
+        arguments += ["--ro-bind", source, path]
     return [*arguments, "--remount-ro", "/", "--chdir", "/tmp"]
 
 
-def _read_only_view(roots: list[str], target: type | None, extra: list[str]) -> list[str]:
-    """What the worker may read: system folders, harmless /etc files, the interpreter (and
-    the base interpreter a venv points to), toolgym, the environment's module or package, and
-    the `extra` folders the user named."""
+def _read_only_view(
+    roots: list[str], target: type | None, extra: list[str]
+) -> list[tuple[str, str]]:
+    """What the worker may read, as `(source, path)` binds: system folders, harmless /etc
+    files, the interpreter (every hop of its symlink chain, and the base interpreter a venv
+    points to), toolgym, the environment's module or package, and the `extra` folders the
+    user named (at the path given, even when it is a symlink)."""
+    named = [(str(Path(p).resolve()), os.path.abspath(p)) for p in extra if os.path.exists(p)]
     paths = [p for p in (*_SYSTEM, *_ETC) if os.path.exists(p)]
-    paths += [str(Path(p).resolve()) for p in extra]
+    paths += [str(hop.parent) for hop in _symlink_chain(Path(sys.executable))]
     for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}:
         paths.append(str(Path(prefix).resolve()))
         paths.append(prefix)
@@ -207,7 +215,17 @@ def _read_only_view(roots: list[str], target: type | None, extra: list[str]) -> 
         paths.append(str(module))
     paths += [root for root in roots if _inside_interpreter(root)]
     existing = [p for p in dict.fromkeys(paths) if os.path.exists(p)]
-    return _outermost(existing)
+    return [(p, p) for p in _outermost(existing)] + named
+
+
+def _symlink_chain(path: Path) -> list[Path]:
+    """`path` and every path its symlinks lead through (a venv's python -> a tool's python ->
+    the real interpreter)."""
+    chain = [path]
+    while chain[-1].is_symlink() and len(chain) < 40:
+        target = Path(os.readlink(chain[-1]))
+        chain.append(target if target.is_absolute() else chain[-1].parent / target)
+    return chain
 
 
 def _inside_interpreter(path: str) -> bool:

@@ -175,14 +175,18 @@ class Channel(ABC):
                 self.kill()
                 raise SandboxError(f"worker reply to {op} exceeds {MAX_REPLY_BYTES} bytes")
         line, _, self._buffer = self._buffer.partition(b"\n")
-        try:
-            return json.loads(line)
-        except ValueError as error:
+        try:  # NaN and Infinity are no JSON: a worker sending them is broken or forged
+            return json.loads(line, parse_constant=_not_json)
+        except (ValueError, RecursionError) as error:
             self.kill()
             raise SandboxError(f"worker broke the protocol during {op}: {line[:200]!r}") from error
 
     def exit_description(self) -> str:
         return "stream closed"
+
+
+def _not_json(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 class Backend(Protocol):

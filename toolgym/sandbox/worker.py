@@ -92,7 +92,20 @@ class Worker:
 
     # -- operations -------------------------------------------------------------------------
     def _op_create(self, request: dict[str, Any]) -> dict[str, Any]:
-        cls = getattr(importlib.import_module(request["module"]), request["name"])
+        if request["module"] == "__main__":
+            raise ValueError(
+                f"{request['name']} is defined in the script being run (__main__), which a "
+                "worker cannot import: move it to a module"
+            )
+        try:
+            module = importlib.import_module(request["module"])
+        except ModuleNotFoundError as error:
+            raise ModuleNotFoundError(
+                f"{error}. A sandbox sees only the interpreter, toolgym and the environment's "
+                "own module or package: add other folders with ProcessBackend(extra_paths=...) "
+                "or DockerBackend(code_paths=...)"
+            ) from None
+        cls = getattr(module, request["name"])
         self.env = cls(**request.get("kwargs", {}))
         return {"max_turns": getattr(self.env, "max_turns", None)}
 

@@ -182,6 +182,12 @@ class Prober(toolgym.Environment):
         self.reward = float("nan")
         return "done"
 
+    def stop_reading(self) -> str:
+        """Point the worker's stdin at a pipe nobody writes: it never reads a request again."""
+        read_end, _write_end = os.pipe()
+        os.dup2(read_end, 0)
+        return "deaf"
+
 
 class Forger(toolgym.Environment):
     """A tool that writes forged protocol replies, as code the model wrote could (fd 3 is the

@@ -135,3 +135,22 @@ def test_a_nan_reward_is_an_env_error_not_a_poisoned_group():
         assert "not a finite number" in trajectory.error or "NaN" in trajectory.error
         assert trajectory.reward == 0.0
         env.close()
+
+
+def test_a_worker_that_stops_reading_cannot_hang_the_host():
+    """Model code that stops the worker reading its requests: the host's write times out
+    (it used to block forever, holding the channel), the worker is killed, reset recovers."""
+    import time
+
+    env = RemoteEnvironment(Prober, backend=ProcessBackend(), call_timeout=3.0)
+    try:
+        env.reset()
+        assert answer(env, "stop_reading")[0] == "deaf"
+        started = time.monotonic()
+        with pytest.raises(SandboxError, match="stopped reading requests"):
+            env.step(toolgym.ToolCall("read", {"path": "x" * 300_000}))
+        assert time.monotonic() - started < 20
+        env.reset()
+        assert answer(env, "exists", path="/tmp")[0] == "true"
+    finally:
+        env.close()

@@ -239,8 +239,8 @@ class DockerChannel(Channel):
         self._raw = b""
         self._dead = False
 
-    def _write(self, data: bytes) -> None:
-        self._socket.setblocking(True)
+    def _write(self, data: bytes, timeout: float) -> None:
+        self._socket.settimeout(timeout)  # raises TimeoutError when the worker stops reading
         try:
             self._socket.sendall(data)
         finally:

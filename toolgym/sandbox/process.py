@@ -36,6 +36,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -295,10 +296,21 @@ class ProcessChannel(Channel):
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._out, selectors.EVENT_READ)
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes, timeout: float) -> None:
         assert self.process.stdin is not None
-        self.process.stdin.write(data)
-        self.process.stdin.flush()
+        fd = self.process.stdin.fileno()
+        os.set_blocking(fd, False)
+        deadline = time.monotonic() + timeout
+        with selectors.DefaultSelector() as writable:
+            writable.register(fd, selectors.EVENT_WRITE)
+            while data:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not writable.select(remaining):
+                    raise TimeoutError
+                try:
+                    data = data[os.write(fd, data) :]
+                except BlockingIOError:
+                    continue
 
     def _read(self, timeout: float) -> bytes:
         if not self._selector.select(timeout):

@@ -81,7 +81,8 @@ class Channel(ABC):
         self._lock = threading.Lock()
 
     @abstractmethod
-    def _write(self, data: bytes) -> None: ...
+    def _write(self, data: bytes, timeout: float) -> None:
+        """Send bytes to the worker; raises TimeoutError when it does not take them in time."""
 
     @abstractmethod
     def _read(self, timeout: float) -> bytes:
@@ -116,7 +117,12 @@ class Channel(ABC):
             self._next_id += 1
             message = {"v": PROTOCOL_VERSION, "id": self._next_id, "op": op, **fields}
             try:
-                self._write(json.dumps(message).encode() + b"\n")
+                self._write(json.dumps(message).encode() + b"\n", timeout)
+            except TimeoutError:  # before OSError: a socket timeout is both
+                self.kill()
+                raise SandboxTimeout(
+                    f"{op}: the worker stopped reading requests; worker killed"
+                ) from None
             except (OSError, ValueError) as error:
                 self.kill()
                 raise SandboxError(f"worker is gone ({op}): {error}") from error

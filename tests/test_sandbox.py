@@ -437,3 +437,20 @@ def test_the_reaper_judges_only_owners_it_can_see():
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     assert owner_is_dead(f"{host}:{boot}:{namespace}:{dead.pid}:0")
+
+
+def test_a_pool_of_an_environment_that_runs_model_code_never_reuses_a_worker():
+    """What one episode's code did to its worker (patched the reply code, say) must not reach
+    the next episode: PythonREPL declares `runs_model_code`, so each lease gets a fresh worker."""
+    from toolgym.envs.python_repl import PythonREPL
+
+    with SandboxPool(PythonREPL, backend="process", size=1) as pool:
+        assert pool.max_uses == 1
+        first = pool.lease(timeout=60)
+        first.reset(task="t")
+        first.close()
+        second = pool.lease(timeout=60)
+        assert second is not first
+        second.close()
+    with SandboxPool(Misbehaving, backend="process", size=1) as pool:
+        assert pool.max_uses == 0  # environments that run no model code are reused

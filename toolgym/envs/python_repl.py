@@ -28,6 +28,11 @@ class PythonREPL(Environment):
         output_limit: Characters kept per stream (see `OUTPUT_LIMIT`).
     """
 
+    runs_model_code = True
+    """Code the model writes runs in this object's process: a sandbox pool gives each episode
+    a fresh worker (`SandboxPool(max_uses=None)`), so what one episode's code changed in the
+    worker cannot reach the next."""
+
     def __init__(self, max_turns: int = 16, output_limit: int = OUTPUT_LIMIT) -> None:
         self.max_turns = max_turns
         self.output_limit = output_limit

@@ -38,7 +38,9 @@ class SandboxPool:
         size: Instances kept warm (started at construction, in the background).
         max_instances: Most instances alive at once (leased + idle); default `size`.
         max_lease_seconds: Longest a lease may last before its worker is killed.
-        max_uses: Leases an instance serves before it is replaced (0: no limit).
+        max_uses: Leases an instance serves before it is replaced (0: no limit). None (the
+            default): 1 for classes that declare `runs_model_code = True` (code the model wrote
+            could have changed the worker for later episodes), else no limit.
         call_timeout: Seconds per request to a worker.
         start_threads: Workers started in parallel.
         max_start_failures: Failed starts in a row after which an empty pool gives up.
@@ -53,7 +55,7 @@ class SandboxPool:
         size: int = 8,
         max_instances: int | None = None,
         max_lease_seconds: float = 900.0,
-        max_uses: int = 0,
+        max_uses: int | None = None,
         call_timeout: float = 30.0,
         start_threads: int = 8,
         max_start_failures: int = 3,
@@ -67,6 +69,8 @@ class SandboxPool:
         self.size, self.max_instances = size, max_instances or size
         if self.max_instances < size:
             raise ValueError(f"max_instances ({max_instances}) is below size ({size})")
+        if max_uses is None:
+            max_uses = 1 if getattr(target, "runs_model_code", False) else 0
         self.max_lease_seconds, self.max_uses = max_lease_seconds, max_uses
         self.call_timeout = call_timeout
         self._idle: deque[RemoteEnvironment] = deque()
@@ -149,7 +153,7 @@ class SandboxPool:
             self._changed.notify_all()
         if self._retry is not None:
             self._retry.cancel()
-        self._starter.shutdown(wait=True)
+        self._starter.shutdown(wait=True, cancel_futures=True)
         for env in everyone:
             env.shutdown()
 
@@ -225,12 +229,17 @@ class SandboxPool:
         if env is not None and self._closed:
             env.shutdown()
 
+    def _retry_now(self) -> None:
+        with self._changed:
+            self._retry = None  # a failure from now on schedules the next retry
+        self._top_up()
+
     def _schedule_retry(self) -> None:
         """Called with the lock held: top up again after a backoff (1 s doubling to 30 s)."""
-        if self._closed or (self._retry is not None and self._retry.is_alive()):
+        if self._closed or self._retry is not None:
             return
         delay = min(30.0, 2.0 ** (self._failures_in_a_row - 1))
-        self._retry = threading.Timer(delay, self._top_up)
+        self._retry = threading.Timer(delay, self._retry_now)
         self._retry.daemon = True
         self._retry.start()
 

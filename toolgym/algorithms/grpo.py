@@ -111,22 +111,7 @@ class GRPOTrainer:
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.output_dir = Path(args.output_dir)
         self.engine = engine or self._make_engine()
-        self.agent = Agent(
-            self.engine,
-            tokenizer,
-            parser=args.parser,
-            chat_template=args.chat_template,
-            chat_template_kwargs=args.chat_template_kwargs,
-            per_turn=args.per_turn,
-            limits=AgentLimits(
-                max_turns=args.max_turns,
-                max_new_tokens=args.max_new_tokens,
-                max_episode_tokens=args.max_episode_tokens,
-                tool_timeout=args.tool_timeout,
-            ),
-            sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p),
-            batch_wait=args.batch_wait,
-        )
+        self.agent = self._make_agent()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.step = 0
         self._order: tuple[int, list[int]] = (-1, [])
@@ -444,6 +429,26 @@ class GRPOTrainer:
     def _log(self, metrics: dict[str, Any]) -> None:
         if self.accelerator.is_main_process:
             self.log.log(self.step, metrics)
+
+    def _make_agent(self) -> Agent:
+        """The agent playing the rollouts: the engine, the template choices and the limits."""
+        args = self.args
+        return Agent(
+            self.engine,
+            self.tokenizer,
+            parser=args.parser,
+            chat_template=args.chat_template,
+            chat_template_kwargs=args.chat_template_kwargs,
+            per_turn=args.per_turn,
+            limits=AgentLimits(
+                max_turns=args.max_turns,
+                max_new_tokens=args.max_new_tokens,
+                max_episode_tokens=args.max_episode_tokens,
+                tool_timeout=args.tool_timeout,
+            ),
+            sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p),
+            batch_wait=args.batch_wait,
+        )
 
     def _make_engine(self) -> Any:
         args = self.args

@@ -152,22 +152,32 @@ def policy_loss(
         kl = torch.exp(delta) - delta - 1
         per_token = per_token + beta * kl
         stats["kl"] = ((kl * mask).sum() / denominator).item()
-    masked = per_token * mask
-    if loss_type == "grpo":
-        lengths = mask.sum(1) if episode_tokens is None else episode_tokens
-        per_sequence = masked.sum(1) / lengths.clamp(min=1)
-        loss = per_sequence.sum() / max(normalizer.sequences, 1)
-    elif loss_type == "bnpo":
-        loss = masked.sum() / denominator / max(normalizer.micro_batches, 1)
-    elif loss_type == "dapo":
-        loss = masked.sum() / max(normalizer.tokens, 1.0)
-    elif loss_type == "dr_grpo":
-        loss = masked.sum() / max(normalizer.sequences * normalizer.max_tokens, 1)
-    else:
-        raise ValueError(f"unknown loss_type {loss_type!r}")
+    loss = aggregate(per_token * mask, mask, normalizer, loss_type, episode_tokens)
     was_clipped = ((unclipped - clipped).abs() > 0).float()
     stats["clip_fraction"] = ((was_clipped * mask).sum() / denominator).item()
     return loss, stats
+
+
+def aggregate(
+    masked: torch.Tensor,
+    mask: torch.Tensor,
+    normalizer: StepNormalizer,
+    loss_type: str,
+    episode_tokens: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Per-token losses (already masked) -> this micro-batch's share of the step loss, as
+    `loss_type` normalises it (see `GRPOConfig.loss_type`)."""
+    if loss_type == "grpo":
+        lengths = mask.sum(1) if episode_tokens is None else episode_tokens
+        per_sequence = masked.sum(1) / lengths.clamp(min=1)
+        return per_sequence.sum() / max(normalizer.sequences, 1)
+    if loss_type == "bnpo":
+        return masked.sum() / mask.sum().clamp(min=1) / max(normalizer.micro_batches, 1)
+    if loss_type == "dapo":
+        return masked.sum() / max(normalizer.tokens, 1.0)
+    if loss_type == "dr_grpo":
+        return masked.sum() / max(normalizer.sequences * normalizer.max_tokens, 1)
+    raise ValueError(f"unknown loss_type {loss_type!r}")
 
 
 def masked_nll(logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

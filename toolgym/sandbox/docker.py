@@ -164,16 +164,7 @@ class DockerBackend:
     def start(self, target: type | None = None) -> DockerChannel:
         docker_client = client()
         reap_orphans(docker_client)
-        mounts = {str(_source_root()): {"bind": SOURCE_MOUNT, "mode": "ro"}}
-        paths = [SOURCE_MOUNT]
-        for index, host_path in enumerate(self.code_paths):
-            inside = f"/opt/code/{index}"
-            mounts[host_path] = {"bind": inside, "mode": "ro"}
-            paths.append(inside)
-        root = module_root(target)
-        if root is not None:  # only the module file or package, not the folder around it
-            mounts[str(root)] = {"bind": f"/opt/module/{root.name}", "mode": "ro"}
-            paths.append("/opt/module")
+        mounts, paths = self._mounts(target)
         limits = self.limits
         container = _create(
             docker_client,
@@ -211,7 +202,28 @@ class DockerBackend:
         except Exception as error:
             _remove(container)
             raise SandboxError(f"could not start a sandbox container: {error}") from error
-        isolation = Isolation(
+        channel = DockerChannel(container, stream, self._isolation())
+        channel.hello(self.start_timeout)
+        return channel
+
+    def _mounts(self, target: type | None) -> tuple[dict[str, dict[str, str]], list[str]]:
+        """Read-only mounts (toolgym's source, `code_paths`, the environment's module file or
+        package, not the folder around it) and the PYTHONPATH entries they make."""
+        mounts = {str(_source_root()): {"bind": SOURCE_MOUNT, "mode": "ro"}}
+        paths = [SOURCE_MOUNT]
+        for index, host_path in enumerate(self.code_paths):
+            inside = f"/opt/code/{index}"
+            mounts[host_path] = {"bind": inside, "mode": "ro"}
+            paths.append(inside)
+        root = module_root(target)
+        if root is not None:
+            mounts[str(root)] = {"bind": f"/opt/module/{root.name}", "mode": "ro"}
+            paths.append("/opt/module")
+        return mounts, paths
+
+    def _isolation(self) -> Isolation:
+        limits = self.limits
+        return Isolation(
             backend="docker",
             network=False,
             filesystem="image",
@@ -223,9 +235,6 @@ class DockerBackend:
             },
             user="65534:65534 (nobody), no capabilities",
         )
-        channel = DockerChannel(container, stream, isolation)
-        channel.hello(self.start_timeout)
-        return channel
 
 
 class DockerChannel(Channel):

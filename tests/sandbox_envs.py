@@ -136,13 +136,14 @@ class Prober(toolgym.Environment):
         """
         return os.path.exists(path)
 
-    def fill_tmp(self, megabytes: int) -> str:
-        """Write a file of this size to /tmp.
+    def fill(self, path: str, megabytes: int) -> str:
+        """Write a file of this size.
 
         Args:
+            path: Where (in /tmp or /dev/shm).
             megabytes: How much.
         """
-        with open("/tmp/fill", "wb") as file:
+        with open(path, "wb") as file:
             for _ in range(megabytes):
                 file.write(b"\0" * (1 << 20))
         return "filled"
@@ -165,17 +166,6 @@ class Prober(toolgym.Environment):
         if libc.unshare(0x10000000 | 0x00020000) != 0:
             return f"refused: errno {ctypes.get_errno()}"
         return "unshared"
-
-    def fill_shm(self, megabytes: int) -> str:
-        """Write a file of this size to /dev/shm.
-
-        Args:
-            megabytes: How much.
-        """
-        with open("/dev/shm/fill", "wb") as file:
-            for _ in range(megabytes):
-                file.write(b"\0" * (1 << 20))
-        return "filled"
 
     def poison_reward(self) -> str:
         """Set the episode's reward to NaN, as code reaching the environment object could."""

@@ -67,9 +67,13 @@ def test_no_host_secrets_sockets_or_home(prober):
 
 
 def test_tmp_is_private_and_bounded(prober):
-    content, failure = answer(prober, "fill_tmp", megabytes=32)  # /tmp holds 8 MiB here
+    content, failure = answer(
+        prober, "fill", path="/tmp/fill", megabytes=32
+    )  # /tmp holds 8 MiB here
     assert failure == "tool_exception" and "No space left" in content
-    content, failure = answer(prober, "fill_shm", megabytes=32)  # so does /dev/shm
+    content, failure = answer(
+        prober, "fill", path="/dev/shm/fill", megabytes=32
+    )  # so does /dev/shm
     assert failure == "tool_exception" and "No space left" in content
     assert answer(prober, "exists", path="/tmp/fill")[0] == "true"  # its own /tmp
     assert not os.path.exists("/tmp/fill") or os.path.getsize("/tmp/fill") < (8 << 20) + 1

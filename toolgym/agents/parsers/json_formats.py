@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 
 from toolgym.agents.parsers.base import (
     AnyCall,
@@ -95,26 +96,33 @@ _DEEPSEEK_CALL = ("<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>")
 _DEEPSEEK_SEP = "<｜tool▁sep｜>"
 
 
-def parse_deepseek(text: str) -> ParsedMessage:
-    """DeepSeek V3 (`function<sep>NAME` then fenced JSON) and V3.1 (`NAME<sep>JSON`)."""
-    start = _DEEPSEEK_CALLS if _DEEPSEEK_CALLS in text else _DEEPSEEK_CALL[0]
+def marked_calls(
+    text: str, section: str, call: tuple[str, str], read: Callable[[str, bool], AnyCall]
+) -> ParsedMessage:
+    """Calls each between `call` markers, optionally inside a `section` marker; `read(body,
+    closed)` reads one. Content is the text before the section (or the first call)."""
+    start = section if section in text else call[0]
     if start not in text:
         return ParsedMessage(text.strip())
-    calls: list[AnyCall] = []
-    for body, closed in blocks(text, *_DEEPSEEK_CALL):
-        first, separator, rest = body.partition(_DEEPSEEK_SEP)
-        if not separator:
-            calls.append(MalformedToolCall(body, f"expected NAME{_DEEPSEEK_SEP}{{arguments}}"))
-            continue
-        if first.strip() == "function" and "\n" in rest:  # V3: the name, then fenced JSON
-            name, _, arguments = rest.partition("\n")
-            arguments = _unfenced(arguments)
-        else:
-            name, arguments = first, rest
-        calls.append(json_arguments_call(name, arguments, body, closed))
+    calls = [read(body, closed) for body, closed in blocks(text, *call)]
     if not calls:
-        calls.append(MalformedToolCall(text, "tool-call block without a call"))
+        calls.append(MalformedToolCall(text, "a tool-call section without a call"))
     return ParsedMessage(before(text, start), calls)
+
+
+def parse_deepseek(text: str) -> ParsedMessage:
+    """DeepSeek V3 (`function<sep>NAME` then fenced JSON) and V3.1 (`NAME<sep>JSON`)."""
+    return marked_calls(text, _DEEPSEEK_CALLS, _DEEPSEEK_CALL, _deepseek_call)
+
+
+def _deepseek_call(body: str, closed: bool) -> AnyCall:
+    first, separator, rest = body.partition(_DEEPSEEK_SEP)
+    if not separator:
+        return MalformedToolCall(body, f"expected NAME{_DEEPSEEK_SEP}{{arguments}}")
+    if first.strip() == "function" and "\n" in rest:  # V3: the name, then fenced JSON
+        name, _, arguments = rest.partition("\n")
+        return json_arguments_call(name, _unfenced(arguments), body, closed)
+    return json_arguments_call(first, rest, body, closed)
 
 
 def _unfenced(text: str) -> str:
@@ -140,22 +148,17 @@ def _kimi_name(head: str) -> str:
 
 def parse_kimi_k2(text: str) -> ParsedMessage:
     """Kimi-K2: `<|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>{json}`."""
-    start = _KIMI_SECTION if _KIMI_SECTION in text else _KIMI_CALL[0]
-    if start not in text:
-        return ParsedMessage(text.strip())
-    calls: list[AnyCall] = []
-    for body, closed in blocks(text, *_KIMI_CALL):
-        head, separator, arguments = body.partition(_KIMI_ARGUMENTS)
-        if not separator:
-            calls.append(MalformedToolCall(body, f"expected functions.NAME:0{_KIMI_ARGUMENTS}"))
-            continue
-        call = json_arguments_call(_kimi_name(head), arguments, body, closed)
-        if isinstance(call, ToolCall):
-            call.id = head.strip()  # the template writes it back with the result
-        calls.append(call)
-    if not calls:
-        calls.append(MalformedToolCall(text, "tool-call section without a call"))
-    return ParsedMessage(before(text, start), calls)
+    return marked_calls(text, _KIMI_SECTION, _KIMI_CALL, _kimi_call)
+
+
+def _kimi_call(body: str, closed: bool) -> AnyCall:
+    head, separator, arguments = body.partition(_KIMI_ARGUMENTS)
+    if not separator:
+        return MalformedToolCall(body, f"expected functions.NAME:0{_KIMI_ARGUMENTS}")
+    call = json_arguments_call(_kimi_name(head), arguments, body, closed)
+    if isinstance(call, ToolCall):
+        call.id = head.strip()  # the template writes it back with the result
+    return call
 
 
 _SOLAR_CALL = ("<|tool_call:begin|>", "<|tool_call:end|>")
@@ -164,19 +167,14 @@ _SOLAR_PARTS = re.compile(r"<\|tool_call:name\|>(.*?)<\|tool_call:args\|>(.*)", 
 
 def parse_solar(text: str) -> ParsedMessage:
     """Solar Open: `<|tool_call:begin|>ID<|tool_call:name|>NAME<|tool_call:args|>{json}`."""
-    if _SOLAR_CALL[0] not in text:
-        return ParsedMessage(text.strip())
-    calls: list[AnyCall] = []
-    for body, closed in blocks(text, *_SOLAR_CALL):
-        match = _SOLAR_PARTS.search(body)
-        if match is None:
-            calls.append(
-                MalformedToolCall(body, "expected <|tool_call:name|>NAME<|tool_call:args|>")
-            )
-            continue
-        calls.append(json_arguments_call(match.group(1), match.group(2), body, closed))
-    content = before(text, "<|tool_calls|>" if "<|tool_calls|>" in text else _SOLAR_CALL[0])
-    return ParsedMessage(content, calls)
+    return marked_calls(text, "<|tool_calls|>", _SOLAR_CALL, _solar_call)
+
+
+def _solar_call(body: str, closed: bool) -> AnyCall:
+    match = _SOLAR_PARTS.search(body)
+    if match is None:
+        return MalformedToolCall(body, "expected <|tool_call:name|>NAME<|tool_call:args|>")
+    return json_arguments_call(match.group(1), match.group(2), body, closed)
 
 
 _FUNCTIONARY = re.compile(r"<function=([^>\n]*)>(.*?)(</function>|\Z)", re.DOTALL)

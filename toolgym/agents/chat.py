@@ -26,7 +26,7 @@ import json
 import logging
 from typing import Any
 
-from toolgym.agents.parsers.detect import render_probe
+from toolgym.agents.parsers.detect import ProbeReply, render_probe
 from toolgym.agents.template_check import (
     PROBE_TOOLS,
     PrefixReport,
@@ -79,6 +79,7 @@ class ChatRenderer:
         # GRPO groups share prompts, and every tool turn shares its head: cache both.
         self._encode = functools.lru_cache(maxsize=1024)(_encoder(tokenizer))
         self._heads: dict[str, str] = {}
+        self._probes: dict[int, ProbeReply | ValueError] = {}
         self.string_arguments, system = self._learn_template_needs()
         self.end_of_turn, self.after_end_of_turn, self.end_opens_next_turn = (
             self._find_end_of_turn()
@@ -177,11 +178,25 @@ class ChatRenderer:
         end = body.rindex(self.end_of_turn) + len(self.end_of_turn)
         return self.encode(body[:end])
 
+    def _probe(self, calls: int) -> ProbeReply:
+        """The template's assistant turn with `calls` probe calls, rendered once per renderer
+        (several start-up checks read it); ValueError when the template cannot render it."""
+        if calls not in self._probes:
+            kwargs = {"chat_template": self.chat_template, **self.template_kwargs}
+            try:
+                self._probes[calls] = render_probe(self.tokenizer, calls, **kwargs)
+            except ValueError as error:
+                self._probes[calls] = error
+        found = self._probes[calls]
+        if isinstance(found, ValueError):
+            raise found
+        return found
+
     def _learn_template_needs(self) -> tuple[bool, bool]:
         """(arguments as JSON strings, a system turn is accepted), from a probe tool call."""
         kwargs = {"chat_template": self.chat_template, **self.template_kwargs}
         try:
-            probe = render_probe(self.tokenizer, 1, **kwargs)
+            probe = self._probe(1)
         except ValueError as error:
             raise TemplateError(
                 f"{error}. toolgym needs a template that renders assistant tool calls and tool "
@@ -218,6 +233,7 @@ class ChatRenderer:
             self.chat_template, self.prefix_report = original, report
             return
         self.training_template = family
+        self._probes.clear()  # they rendered the original template
         logger.info(
             "the %s chat template is not prefix-preserving:\n%s\nusing toolgym's %s training "
             "template instead (it keeps every turn's <think> block)",
@@ -278,9 +294,8 @@ class ChatRenderer:
         before the model wrote a call."""
         if self.end_opens_next_turn:
             return
-        kwargs = {"chat_template": self.chat_template, **self.template_kwargs}
         try:
-            reply = render_probe(self.tokenizer, 1, **kwargs).text
+            reply = self._probe(1).text
         except ValueError:
             return
         at = reply.find(self.end_of_turn)
@@ -310,9 +325,8 @@ class ChatRenderer:
         last token of the template's tool-call turn, when it is not written between calls."""
         if self.end_opens_next_turn:
             return None
-        kwargs = {"chat_template": self.chat_template, **self.template_kwargs}
         try:
-            one, two = (render_probe(self.tokenizer, n, **kwargs).text.rstrip() for n in (1, 2))
+            one, two = (self._probe(n).text.rstrip() for n in (1, 2))
         except ValueError:
             return None
         specials = sorted(self.tokenizer.all_special_tokens, key=len, reverse=True)

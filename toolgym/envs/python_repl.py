@@ -1,48 +1,52 @@
 """`PythonREPL-v0`: a stateful Python session the model drives with one tool, `run(code)`.
 
-Model-written code runs here, so the registered environment defaults to the strongest sandbox
-available (`toolgym.sandbox.strongest_backend()`: docker, else process). Standard library
-only, so it runs inside the minimal worker image.
+Model-written code runs here: in a session process of its own (`toolgym.sandbox.executor`),
+and the registered environment defaults to the strongest sandbox available
+(`toolgym.sandbox.strongest_backend()`: docker, else process). Standard library only, so it
+runs inside the minimal worker image.
 """
 
 from __future__ import annotations
 
-import ast
-import contextlib
-import io
-import traceback
 from typing import Any
 
 from toolgym.envs.core import Environment
-
-OUTPUT_LIMIT = 4000
-"""Characters of stdout, of stderr and of the last expression's repr that are returned; the
-rest is cut and replaced by a note saying how much was dropped."""
+from toolgym.sandbox.executor import OUTPUT_LIMIT, PythonSession
 
 
 class PythonREPL(Environment):
     """A persistent Python namespace; each `run` sees what earlier calls defined.
 
+    The model's code runs in a `PythonSession`: a process of its own with no handle on this
+    object (the expected answer, the reward) or on the sandbox's protocol channel. Code that
+    runs past `run_timeout`, exits or crashes ends the session; the model reads why, and its
+    next `run` starts a fresh namespace.
+
     Args:
         max_turns: Turns before the episode is truncated.
         output_limit: Characters kept per stream (see `OUTPUT_LIMIT`).
+        run_timeout: Seconds one `run` may take (keep it below the sandbox's call timeout,
+            30 s by default, so the model reads the timeout instead of losing the episode).
     """
 
     runs_model_code = True
-    """Code the model writes runs in this object's process: a sandbox pool gives each episode
-    a fresh worker (`SandboxPool(max_uses=None)`), so what one episode's code changed in the
-    worker cannot reach the next."""
+    """Model code runs here (in sessions this object starts): a sandbox pool gives each
+    episode a fresh worker, so nothing one episode's code left behind (files in /tmp, a killed
+    session zygote) reaches the next; the process backend starts a session zygote."""
 
-    def __init__(self, max_turns: int = 16, output_limit: int = OUTPUT_LIMIT) -> None:
+    def __init__(
+        self, max_turns: int = 16, output_limit: int = OUTPUT_LIMIT, run_timeout: float = 10.0
+    ) -> None:
         self.max_turns = max_turns
-        self.output_limit = output_limit
-        self.namespace: dict[str, Any] = {}
+        self.output_limit, self.run_timeout = output_limit, run_timeout
+        self.session: PythonSession | None = None
         self.task: str | None = None
         self.answer: str | None = None
 
     def reset(self, task: str | None = None, answer: str | None = None) -> str | None:
-        """Start with a fresh namespace; `task` is shown to the model, `answer` grades it."""
-        self.namespace = {"__name__": "__repl__"}
+        """Start with a fresh session; `task` is shown to the model, `answer` grades it."""
+        self.close()
+        self.session = PythonSession(self.run_timeout, self.output_limit)
         self.task, self.answer = task, answer
         return task
 
@@ -52,18 +56,16 @@ class PythonREPL(Environment):
         Args:
             code: Python statements; the value of a final expression is shown like in a REPL.
         """
-        stdout, stderr = io.StringIO(), io.StringIO()
-        value = None
-        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-            try:
-                value = self._execute(code)
-            except (Exception, SystemExit) as error:  # failing code is output, not a crash
-                stderr.write(_traceback(error))
-        parts = [f"stdout:\n{self._cut(stdout.getvalue())}"]
-        if stderr.getvalue():
-            parts.append(f"stderr:\n{self._cut(stderr.getvalue())}")
-        if value is not None:
-            parts.append(f"value: {self._cut(repr(value))}")
+        if self.session is None:
+            raise RuntimeError("call reset() before run()")
+        output = self.session.run(code)
+        parts = [f"stdout:\n{output.stdout}"]
+        if output.stderr:
+            parts.append(f"stderr:\n{output.stderr}")
+        if output.value is not None:
+            parts.append(f"value: {output.value}")
+        if output.ended:
+            parts.append(f"session: {output.ended}")
         return "\n".join(parts)
 
     def final_answer(self, text: str) -> None:
@@ -71,29 +73,10 @@ class PythonREPL(Environment):
             self.reward = float(text.strip() == self.answer.strip())
             self.done = True
 
-    def _execute(self, code: str) -> Any:
-        tree = ast.parse(code, mode="exec")
-        last = tree.body[-1] if tree.body else None
-        if isinstance(last, ast.Expr):
-            tree.body.pop()
-            exec(compile(tree, "<repl>", "exec"), self.namespace)
-            return eval(compile(ast.Expression(last.value), "<repl>", "eval"), self.namespace)
-        exec(compile(tree, "<repl>", "exec"), self.namespace)
-        return None
-
-    def _cut(self, text: str) -> str:
-        if len(text) <= self.output_limit:
-            return text
-        dropped = len(text) - self.output_limit
-        return f"{text[: self.output_limit]}\n... [{dropped} more characters cut]"
-
-
-def _traceback(error: BaseException) -> str:
-    """The traceback of the model's code only (frames of `<repl>`), like the REPL prints."""
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == "<repl>"]
-    lines = ["Traceback (most recent call last):\n"] if frames else []
-    lines += traceback.format_list(frames) + traceback.format_exception_only(error)
-    return "".join(lines)
+    def close(self) -> None:
+        if self.session is not None:
+            self.session.close()
+            self.session = None
 
 
 def python_repl_dataset(n: int, seed: int = 0) -> list[dict[str, Any]]:

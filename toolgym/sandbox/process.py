@@ -7,7 +7,9 @@ not set up):
 - resource limits (setrlimit): address space, CPU seconds, open files, file size;
 - no new processes: a seccomp filter makes fork/vfork/clone fail (threads still work), since
   RLIMIT_NPROC does not bind root; with `max_processes > 0` the filter is off and
-  RLIMIT_NPROC applies instead (only when not running as root);
+  RLIMIT_NPROC applies instead (only when not running as root). An environment that declares
+  `runs_model_code` gets a session zygote started before the filter, so that it can run the
+  model's code in processes of its own (`toolgym.sandbox.executor`), each under the filter;
 - an allow-listed environment: PATH, HOME=/tmp, LANG, PYTHONPATH and toolgym's own variables,
   never the host's (no API keys or tokens);
 - with bubblewrap (`apt-get install bubblewrap`): a user namespace in which the worker is uid
@@ -87,6 +89,8 @@ class ProcessBackend:
     def start(self, target: type | None = None) -> ProcessChannel:
         command, isolation = self._command(target)
         env = _worker_environment(self._import_roots(target), self.limits)
+        if getattr(target, "runs_model_code", False):
+            env["TOOLGYM_CODE_SESSIONS"] = "1"  # a zygote for sessions, started before seccomp
         stderr = tempfile.TemporaryFile()  # noqa: SIM115 (the channel closes it); explains a death at start
         # Spawned from one long-lived thread: the parent-death signal (and bubblewrap's
         # --die-with-parent) fires when the spawning *thread* exits, and rollouts start
@@ -187,7 +191,9 @@ def _bwrap_arguments(binds: list[tuple[str, str]], tmp_bytes: int) -> list[str]:
         "--unshare-user", "--disable-userns", "--uid", "65534", "--gid", "65534",
         "--cap-drop", "ALL",
         "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-        "--die-with-parent", "--new-session",
+        # --as-pid-1: no bubblewrap init inside, which would hold the protocol pipes where
+        # the model's code could open them (/proc/1/fd); the worker is PID 1 and untraceable
+        "--as-pid-1", "--die-with-parent", "--new-session",
         "--proc", "/proc", "--dev", "/dev",
         "--size", str(tmp_bytes), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
         "--size", str(tmp_bytes), "--tmpfs", "/tmp",

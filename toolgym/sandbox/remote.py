@@ -252,6 +252,12 @@ class RemoteEnvironment(Environment):
     def reset(self, **row: Any) -> str | None:  # the base wrapper has seeded the episode
         self._channel_or_start()
         arguments = self._filter_reset(row) if self._plain else row
+        try:
+            return self._request("reset", kwargs=arguments)
+        except RemoteError as error:
+            if error.type != "SpoiledWorker":
+                raise
+        self._connect(None)  # e.g. the model's code killed its session zygote last episode
         return self._request("reset", kwargs=arguments)
 
     def get_reward(self) -> float:

@@ -21,6 +21,7 @@ OP is one of:
     ping    {}                             -> "pong" (health check)
     exit    {}                             the worker replies, then exits
 
+A `reset` that fails with the error type `SpoiledWorker` asks the host for a fresh worker.
 `state` (after every op that reached the environment) saves the host a round trip for the
 reward and `done`. Anything the environment prints goes to stderr: the protocol owns stdout.
 A request the worker cannot read gets an error reply with id null; end of input ends it.
@@ -34,14 +35,26 @@ import inspect
 import json
 import os
 import platform
+import signal
 import sys
 import traceback
 from typing import Any, BinaryIO
+
+from toolgym.sandbox.executor import (
+    forbid_new_processes,
+    make_untraceable,
+    start_zygote,
+    zygote_lost,
+)
 
 PROTOCOL_VERSION = 1
 MAX_CONTENT_CHARS = 1_000_000
 """A tool result longer than this is cut (the protocol stays responsive whatever a tool
 returns; environments should truncate to what a model can read long before this)."""
+
+
+class SpoiledWorker(RuntimeError):
+    """`reset` refused: this worker cannot host another episode (the host replaces it)."""
 
 
 class Worker:
@@ -110,6 +123,11 @@ class Worker:
         return {"max_turns": getattr(self.env, "max_turns", None)}
 
     def _op_reset(self, request: dict[str, Any]) -> str | None:
+        if zygote_lost():
+            raise SpoiledWorker(
+                "this worker's session zygote died (the model's code can kill it): it cannot "
+                "run code any more; the host starts a fresh worker"
+            )
         observation = _resolve(self.env.reset(**request.get("kwargs", {})))
         return None if observation is None else str(observation)
 
@@ -161,68 +179,6 @@ class Worker:
         self.writer.flush()
 
 
-def forbid_new_processes() -> str | None:
-    """Install a seccomp filter under which fork, vfork and process-creating clone fail with
-    EAGAIN (threads still work). Returns None on success, else why it could not.
-
-    This is how the process backend bounds a fork bomb when it runs as root, where
-    RLIMIT_NPROC does not apply.
-    """
-    import ctypes
-    import ctypes.util
-    import errno
-
-    path = ctypes.util.find_library("seccomp") or "libseccomp.so.2"
-    try:
-        lib = ctypes.CDLL(path, use_errno=True)
-    except OSError as error:
-        return f"libseccomp not found ({error})"
-
-    class ArgCompare(ctypes.Structure):
-        _fields_ = [
-            ("arg", ctypes.c_uint),
-            ("op", ctypes.c_int),
-            ("datum_a", ctypes.c_uint64),
-            ("datum_b", ctypes.c_uint64),
-        ]
-
-    allow, masked_eq, clone_thread = 0x7FFF0000, 7, 0x00010000
-    lib.seccomp_init.restype = ctypes.c_void_p
-    lib.seccomp_init.argtypes = [ctypes.c_uint32]
-    lib.seccomp_rule_add_array.argtypes = [
-        ctypes.c_void_p,
-        ctypes.c_uint32,
-        ctypes.c_int,
-        ctypes.c_uint,
-        ctypes.c_void_p,
-    ]
-    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
-    lib.seccomp_load.argtypes = lib.seccomp_release.argtypes = [ctypes.c_void_p]
-
-    def deny(code: int) -> int:
-        return 0x00050000 | code  # SCMP_ACT_ERRNO(code)
-
-    context = lib.seccomp_init(allow)
-    if not context:
-        return "seccomp_init failed"
-    try:
-        rules = [("fork", errno.EAGAIN, None), ("vfork", errno.EAGAIN, None)]
-        rules += [("clone", errno.EAGAIN, ArgCompare(0, masked_eq, clone_thread, 0))]
-        rules += [("clone3", errno.ENOSYS, None)]  # libc falls back to clone for threads
-        for name, code, compare in rules:
-            number = lib.seccomp_syscall_resolve_name(name.encode())
-            pointer = ctypes.byref(compare) if compare is not None else None
-            if lib.seccomp_rule_add_array(
-                context, deny(code), number, int(compare is not None), pointer
-            ):
-                return f"seccomp rule for {name} failed"
-        if lib.seccomp_load(context):
-            return "seccomp_load failed"
-    finally:
-        lib.seccomp_release(context)
-    return None
-
-
 def _silence_output() -> None:
     """After the hello, what the environment prints goes nowhere: the launcher keeps stderr
     only to explain a death at start, and a flood must not fill a host file or log."""
@@ -257,7 +213,11 @@ def main() -> None:
         import resource
 
         resource.setrlimit(resource.RLIMIT_AS, (int(memory), int(memory)))
+    make_untraceable()  # model code in a session may not ptrace or open /proc of this process
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as PID 1 (bubblewrap) nothing else kills it
     if os.environ.get("TOOLGYM_NO_NEW_PROCESSES") == "1":
+        if os.environ.get("TOOLGYM_CODE_SESSIONS") == "1":
+            start_zygote()  # sessions for model code are forked from it (see executor.py)
         problem = forbid_new_processes()
         hello["no_new_processes"] = problem is None
         if problem:

@@ -1,0 +1,445 @@
+"""Code the model writes runs here: a Python session in a process of its own.
+
+An environment that executes model-written text (`PythonREPL`, a grader that runs the model's
+function) must not run it in its own process: there the code could reach the environment's
+state (its `reward`, the expected answer), the worker's protocol channel, or patch the grader.
+`PythonSession` runs the code in a separate interpreter that holds nothing but the code's own
+namespace:
+
+    session = PythonSession(timeout=10)
+    session.run("x = 41")
+    session.run("x + 1").value          # '42'
+    session.close()
+
+The session process has no descriptor but its own socket (stdin, stdout and stderr are
+/dev/null; what the code prints is captured there, cut to `output_limit`, and sent back), an
+environment of PATH/HOME/LANG only, and imports nothing from toolgym or the environment
+(`python -I executor.py`). Inside a worker it inherits the worker's limits and walls; the
+worker makes itself untraceable (`make_untraceable`), so the code cannot read or write the
+worker's memory or descriptors through ptrace or /proc. Sessions start either directly, or,
+in a process-backend worker that may not create processes (seccomp), forked from a *zygote*
+the worker started before the filter (`start_zygote`); a forked session installs the same
+no-new-processes filter before it runs anything.
+
+Whatever the session sends back is untrusted: one JSON reply per request, with the request's
+id, strings only, bounded in size. Anything else, a timeout or a death ends the session (its
+state is lost, `RunOutput.ended` says why) and the next `run` starts a fresh one.
+
+Standard library only, and runnable as a file, so that it works in minimal worker images.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import functools
+import io
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+OUTPUT_LIMIT = 4000
+"""Characters of stdout, of stderr and of the last expression's repr that a run returns; the
+rest is cut and replaced by a note saying how much was dropped."""
+
+_zygote: _Zygote | None = None
+"""Set in a worker that may not create processes: sessions are forked from it."""
+
+
+@dataclass
+class RunOutput:
+    """What one `PythonSession.run` produced."""
+
+    stdout: str = ""
+    stderr: str = ""
+    """The traceback of failing code (its own frames only), and what it wrote to stderr."""
+    value: str | None = None
+    """repr of the value of a final expression, like a REPL shows; None if there was none."""
+    ended: str | None = None
+    """Why the session ended during this run (timeout, its process died, it broke the
+    protocol); its state is lost and the next run starts a fresh one. None if it lives on."""
+
+
+class PythonSession:
+    """A persistent Python namespace in a separate process; each `run` sees what earlier runs
+    defined. Starts on the first `run`; `close` stops it.
+
+    Args:
+        timeout: Seconds one run may take; past it the session is stopped.
+        output_limit: Characters kept per stream (see `OUTPUT_LIMIT`).
+    """
+
+    def __init__(self, timeout: float = 10.0, output_limit: int = OUTPUT_LIMIT) -> None:
+        self.timeout, self.output_limit = timeout, output_limit
+        self._process: _SessionProcess | None = None
+        self._next_id = 0
+
+    def run(self, code: str) -> RunOutput:
+        """Run `code` in the session and return what it printed and its final value."""
+        if self._process is None:
+            self._process = _start_session()
+        self._next_id += 1
+        request = {"id": self._next_id, "code": code, "limit": self.output_limit}
+        try:
+            reply = self._process.exchange(request, self.timeout, _reply_bytes(self.output_limit))
+            return _read_reply(reply, self._next_id)
+        except _SessionEnded as ended:
+            self.close()
+            return RunOutput(ended=f"{ended}; its state is lost and the next run starts afresh")
+
+    def close(self) -> None:
+        """Stop the session's process (idempotent)."""
+        if self._process is not None:
+            self._process.kill()
+            self._process = None
+
+    def __enter__(self) -> PythonSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SessionStartError(RuntimeError):
+    """No session process could be started."""
+
+
+class _SessionEnded(Exception):
+    pass
+
+
+class _SessionProcess:
+    """The host's end of one session: its socket and a way to kill it."""
+
+    def __init__(self, sock: socket.socket, pid: int, popen: subprocess.Popen | None) -> None:
+        self.sock, self.pid, self.popen = sock, pid, popen
+        self._buffer = b""
+        self._finalizer = weakref.finalize(self, _kill, sock, pid, popen)
+
+    def exchange(self, request: dict[str, Any], timeout: float, limit: int) -> bytes:
+        try:
+            self.sock.sendall(json.dumps(request).encode() + b"\n")
+        except OSError as error:
+            raise _SessionEnded(f"the session's process ended ({error.strerror})") from None
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.sock], [], [], left)[0]:
+                raise _SessionEnded(f"the code ran past {timeout:g} s and was stopped")
+            try:
+                chunk = self.sock.recv(1 << 16)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                raise _SessionEnded("the session's process ended")
+            self._buffer += chunk
+            if len(self._buffer) > limit:
+                raise _SessionEnded("the session broke its protocol (an oversized reply)")
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        if self._buffer:
+            raise _SessionEnded("the session broke its protocol (a reply nobody asked for)")
+        return line
+
+    def kill(self) -> None:
+        self._finalizer()
+
+
+def _kill(sock: socket.socket, pid: int, popen: subprocess.Popen | None) -> None:
+    sock.close()
+    with contextlib.suppress(OSError):
+        if popen is not None:
+            os.killpg(pid, signal.SIGKILL)  # its own process group: children too
+        else:
+            os.kill(pid, signal.SIGKILL)
+    if popen is not None:
+        popen.wait()
+
+
+def _reply_bytes(output_limit: int) -> int:
+    # three fields of `output_limit` characters, each at most 12 bytes as JSON escapes
+    return 36 * output_limit + 4096
+
+
+def _read_reply(line: bytes, request_id: int) -> RunOutput:
+    try:
+        reply = json.loads(line)
+        fields = [reply.get(name) for name in ("stdout", "stderr", "value")]
+        valid = (
+            reply.get("id") == request_id
+            and isinstance(fields[0], str)
+            and isinstance(fields[1], str)
+            and (fields[2] is None or isinstance(fields[2], str))
+        )
+    except (ValueError, AttributeError):
+        valid = False
+    if not valid:
+        raise _SessionEnded("the session broke its protocol (an unreadable reply)")
+    return RunOutput(*fields)
+
+
+# -- starting sessions -------------------------------------------------------------------------
+def _start_session() -> _SessionProcess:
+    if _zygote is not None:
+        return _zygote.fork_session()
+    host, child = socket.socketpair()
+    try:
+        popen = subprocess.Popen(
+            [sys.executable, "-I", os.path.abspath(__file__), "--session", str(child.fileno())],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            pass_fds=(child.fileno(),),
+            env=_session_environment(),
+            cwd=_temporary_folder(),
+            start_new_session=True,
+        )
+    except OSError as error:
+        host.close()
+        raise SessionStartError(
+            f"cannot start a process for the model's code ({error.strerror or error}); a "
+            "sandboxed environment that runs model code must declare `runs_model_code = True`"
+        ) from None
+    finally:
+        child.close()
+    return _SessionProcess(host, popen.pid, popen)
+
+
+def _session_environment() -> dict[str, str]:
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": _temporary_folder(),
+        "LANG": os.environ.get("LANG", "C.UTF-8"),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+
+
+def _temporary_folder() -> str:
+    import tempfile
+
+    return tempfile.gettempdir()
+
+
+class _Zygote:
+    """A clean process, started before the worker's no-new-processes filter, that forks
+    sessions on request and hands their sockets back (SCM_RIGHTS)."""
+
+    def __init__(self) -> None:
+        self.sock, child = socket.socketpair()
+        try:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-I", os.path.abspath(__file__), "--zygote", str(child.fileno())],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                pass_fds=(child.fileno(),),
+                env=_session_environment(),
+                cwd=_temporary_folder(),
+            )
+        finally:
+            child.close()
+
+    def fork_session(self) -> _SessionProcess:
+        try:
+            self.sock.sendall(b"n")
+            message, fds, _, _ = socket.recv_fds(self.sock, 64, 1)
+        except OSError as error:
+            raise SessionStartError(f"the session zygote is gone ({error})") from None
+        if not fds or not message.isdigit():
+            for fd in fds:
+                os.close(fd)
+            raise SessionStartError("the session zygote is gone (the model's code killed it?)")
+        return _SessionProcess(socket.socket(fileno=fds[0]), int(message), None)
+
+
+def zygote_lost() -> bool:
+    """Whether this process had a session zygote and it died (the model's code can kill it:
+    same user). A worker then exits after its reply, so the next episode gets a fresh one."""
+    return _zygote is not None and _zygote.popen.poll() is not None
+
+
+def start_zygote() -> None:
+    """Start this process's session zygote; call before `forbid_new_processes`."""
+    global _zygote
+    _zygote = _Zygote()
+
+
+def _serve_zygote(fd: int) -> None:
+    sock = socket.socket(fileno=fd)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # sessions are reaped by the kernel
+    make_untraceable()
+    _libseccomp_path()
+    while sock.recv(1) == b"n":
+        parent_end, child_end = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            keep = child_end.fileno()
+            os.closerange(3, keep)
+            os.closerange(keep + 1, 1 << 16)
+            problem = forbid_new_processes()
+            if problem is not None:
+                os._exit(3)  # never run model code without the filter the worker has
+            _serve_session(keep)
+            os._exit(0)
+        child_end.close()
+        socket.send_fds(sock, [str(pid).encode()], [parent_end.fileno()])
+        parent_end.close()
+
+
+# -- the session side --------------------------------------------------------------------------
+def _serve_session(fd: int) -> None:
+    sock = socket.socket(fileno=fd)
+    namespace: dict[str, Any] = {"__name__": "__repl__"}
+    reader = sock.makefile("rb")
+    for line in reader:
+        request = json.loads(line)
+        reply = {"id": request["id"], **_run(request["code"], namespace, request["limit"])}
+        sock.sendall(json.dumps(reply).encode() + b"\n")
+
+
+def _run(code: str, namespace: dict[str, Any], limit: int) -> dict[str, Any]:
+    stdout, stderr = io.StringIO(), io.StringIO()
+    value = None
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            value = _execute(code, namespace)
+        except (Exception, SystemExit, KeyboardInterrupt) as error:  # failing code is output
+            stderr.write(_traceback(error))
+    shown = None
+    if value is not None:
+        try:
+            shown = _cut(repr(value), limit)
+        except Exception as error:  # a repr that raises is the code's failure too
+            stderr.write(_traceback(error))
+    return {
+        "stdout": _cut(stdout.getvalue(), limit),
+        "stderr": _cut(stderr.getvalue(), limit),
+        "value": shown,
+    }
+
+
+def _execute(code: str, namespace: dict[str, Any]) -> Any:
+    tree = ast.parse(code, mode="exec")
+    last = tree.body[-1] if tree.body else None
+    if isinstance(last, ast.Expr):
+        tree.body.pop()
+        exec(compile(tree, "<repl>", "exec"), namespace)
+        return eval(compile(ast.Expression(last.value), "<repl>", "eval"), namespace)
+    exec(compile(tree, "<repl>", "exec"), namespace)
+    return None
+
+
+def _cut(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}\n... [{len(text) - limit} more characters cut]"
+
+
+def _traceback(error: BaseException) -> str:
+    """The traceback of the model's code only (frames of `<repl>`), like the REPL prints."""
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == "<repl>"]
+    lines = ["Traceback (most recent call last):\n"] if frames else []
+    lines += traceback.format_list(frames) + traceback.format_exception_only(error)
+    return "".join(lines)
+
+
+# -- process hygiene (also used by the worker) ---------------------------------------------------
+def make_untraceable() -> None:
+    """Mark this process non-dumpable: processes of the same user without CAP_SYS_PTRACE (the
+    model's code) can neither ptrace it nor open its /proc files (memory, descriptors)."""
+    import ctypes
+
+    pr_set_dumpable = 4
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_dumpable, 0, 0, 0, 0)
+
+
+def forbid_new_processes() -> str | None:
+    """Install a seccomp filter under which fork, vfork and process-creating clone fail with
+    EAGAIN (threads still work). Returns None on success, else why it could not.
+
+    This is how the process backend bounds a fork bomb when it runs as root, where
+    RLIMIT_NPROC does not apply.
+    """
+    import ctypes
+    import errno
+
+    try:
+        lib = ctypes.CDLL(_libseccomp_path(), use_errno=True)
+    except OSError as error:
+        return f"libseccomp not found ({error})"
+
+    class ArgCompare(ctypes.Structure):
+        _fields_ = [
+            ("arg", ctypes.c_uint),
+            ("op", ctypes.c_int),
+            ("datum_a", ctypes.c_uint64),
+            ("datum_b", ctypes.c_uint64),
+        ]
+
+    allow, masked_eq, clone_thread = 0x7FFF0000, 7, 0x00010000
+    lib.seccomp_init.restype = ctypes.c_void_p
+    lib.seccomp_init.argtypes = [ctypes.c_uint32]
+    lib.seccomp_rule_add_array.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_uint32,
+        ctypes.c_int,
+        ctypes.c_uint,
+        ctypes.c_void_p,
+    ]
+    lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+    lib.seccomp_load.argtypes = lib.seccomp_release.argtypes = [ctypes.c_void_p]
+
+    def deny(code: int) -> int:
+        return 0x00050000 | code  # SCMP_ACT_ERRNO(code)
+
+    context = lib.seccomp_init(allow)
+    if not context:
+        return "seccomp_init failed"
+    try:
+        rules = [("fork", errno.EAGAIN, None), ("vfork", errno.EAGAIN, None)]
+        rules += [("clone", errno.EAGAIN, ArgCompare(0, masked_eq, clone_thread, 0))]
+        rules += [("clone3", errno.ENOSYS, None)]  # libc falls back to clone for threads
+        for name, code, compare in rules:
+            number = lib.seccomp_syscall_resolve_name(name.encode())
+            pointer = ctypes.byref(compare) if compare is not None else None
+            if lib.seccomp_rule_add_array(
+                context, deny(code), number, int(compare is not None), pointer
+            ):
+                return f"seccomp rule for {name} failed"
+        if lib.seccomp_load(context):
+            return "seccomp_load failed"
+    finally:
+        lib.seccomp_release(context)
+    return None
+
+
+@functools.cache
+def _libseccomp_path() -> str:
+    """Found once (find_library runs ldconfig, a process): forked sessions reuse it."""
+    import ctypes.util
+
+    return ctypes.util.find_library("seccomp") or "libseccomp.so.2"
+
+
+def _main(argv: list[str]) -> None:
+    role, fd = argv[1], int(argv[2])
+    if role == "--zygote":
+        _serve_zygote(fd)
+    elif role == "--session":
+        _serve_session(fd)
+    else:
+        raise SystemExit(f"usage: executor.py --zygote FD | --session FD (got {role})")
+
+
+if __name__ == "__main__":
+    _main(sys.argv)

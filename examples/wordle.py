@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 import toolgym
+from toolgym.agents import AgentLimits
 from toolgym.agents.trajectory import load_jsonl
 from toolgym.algorithms import GRPOConfig, GRPOTrainer, SFTConfig
 from toolgym.envs.wordle import WordleExpert, allowed_words
@@ -68,9 +69,7 @@ def config_from(args: argparse.Namespace) -> GRPOConfig:
         num_generations=args.num_generations,
         micro_batch_size=args.num_generations,
         bf16=args.bf16,
-        max_turns=6,
-        max_new_tokens=40,
-        max_episode_tokens=600,
+        limits=AgentLimits(max_turns=6, max_new_tokens=40, max_episode_tokens=600),
         temperature=1.0,
         loss_type="dapo",
         scale_rewards="group",

@@ -184,7 +184,9 @@ def test_episodes_whose_tools_return_together_share_every_batch(tokenizer):
         return ids(tokenizer, replies[turn])
 
     engine = ScriptedEngine(next_guess)
-    agent = Agent(engine, tokenizer, parser="hermes")
+    # a batch leaves once all 16 wait (or after 0.5 s): scheduling jitter on a loaded machine
+    # cannot split a turn's batch, and the tool-time bound below still shows the overlap
+    agent = Agent(engine, tokenizer, parser="hermes", batch_wait=0.5)
     rows = [{**row, "answer": "crane"} for row in wordle_rows(16)]
     trajectories = agent.run([SlowWordle() for _ in rows], rows)
     assert [t.status for t in trajectories] == ["env_done"] * 16

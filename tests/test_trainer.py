@@ -10,6 +10,7 @@ import torch
 from helpers import train_tool_caller
 
 import toolgym
+from toolgym.agents import AgentLimits
 from toolgym.agents.trajectory import load_jsonl
 from toolgym.algorithms import GRPOConfig, GRPOTrainer, RLOOTrainer, SFTConfig
 from toolgym.testing import tiny_model, tiny_tokenizer
@@ -27,9 +28,7 @@ def config(tmp_path, **overrides) -> GRPOConfig:
         prompts_per_step=2,
         num_generations=3,
         micro_batch_size=4,
-        max_turns=3,
-        max_new_tokens=60,
-        max_episode_tokens=400,
+        limits=AgentLimits(max_turns=3, max_new_tokens=60, max_episode_tokens=400),
         parser="hermes",
         learning_rate=1e-3,
         batch_wait=60.0,  # reproducible batches, so sampling replays exactly after a resume

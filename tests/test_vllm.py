@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from helpers import greedy_agent, play_wordle_token_exact, train_tool_caller
 
-from toolgym.agents import GenerationRequest, SamplingParams
+from toolgym.agents import AgentLimits, GenerationRequest, SamplingParams
 from toolgym.testing import tiny_tokenizer
 
 vllm = pytest.importorskip(
@@ -35,9 +35,7 @@ def test_the_trainer_samples_with_vllm_and_pushes_every_update(tmp_path):
         prompts_per_step=1,
         num_generations=4,
         micro_batch_size=4,
-        max_turns=2,
-        max_new_tokens=24,
-        max_episode_tokens=400,
+        limits=AgentLimits(max_turns=2, max_new_tokens=24, max_episode_tokens=400),
         parser="hermes",
         temperature=1.0,
         learning_rate=3e-2,

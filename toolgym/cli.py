@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-from collections import Counter
 from typing import Any
 
 import toolgym
+from toolgym.agents.limits import AgentLimits
+from toolgym.agents.trajectory import summarize
 
 
 def list_environments(args: argparse.Namespace) -> int:
@@ -34,12 +34,12 @@ def list_environments(args: argparse.Namespace) -> int:
 
 
 def build_agent(args: argparse.Namespace) -> Any:
-    from toolgym.agents import Agent, AgentLimits, HFEngine, SamplingParams
+    from toolgym.agents import Agent, HFEngine, SamplingParams
     from toolgym.models import load_model, load_tokenizer
 
     tokenizer = load_tokenizer(args.model)
     model = load_model(args.model).eval()
-    limits = AgentLimits(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens)
+    limits = AgentLimits.from_arguments(args)
     sampling = SamplingParams(temperature=args.temperature)
     return Agent(
         HFEngine(model, tokenizer),
@@ -91,30 +91,17 @@ def evaluate(args: argparse.Namespace) -> int:
     finally:
         for env in envs:
             env.close()
-    summary = summarize(trajectories)
+    summary = summarize(trajectories, args.success_threshold)
     print(json.dumps(summary, indent=2) if args.json else format_summary(args.env, summary))
     return 0
-
-
-def summarize(trajectories: list[Any]) -> dict[str, Any]:
-    rewards = [t.reward for t in trajectories]
-    return {
-        "episodes": len(trajectories),
-        "success_rate": sum(r > 0 for r in rewards) / len(rewards),
-        "mean_reward": statistics.mean(rewards),
-        "mean_turns": statistics.mean(t.metrics["turns"] for t in trajectories),
-        "tool_calls": sum(t.metrics["tool_calls"] for t in trajectories),
-        "tool_failures": sum(t.metrics["tool_failures"] for t in trajectories),
-        "statuses": dict(Counter(t.status for t in trajectories)),
-    }
 
 
 def format_summary(env_id: str, s: dict[str, Any]) -> str:
     statuses = ", ".join(f"{k} {v}" for k, v in sorted(s["statuses"].items()))
     return (
         f"{env_id}: {s['episodes']} episodes, success rate {s['success_rate']:.1%}, mean reward "
-        f"{s['mean_reward']:.3f}, mean turns {s['mean_turns']:.2f}, "
-        f"tool calls {s['tool_calls']:.0f} ({s['tool_failures']:.0f} failed); statuses: {statuses}"
+        f"{s['reward']:.3f}, mean turns {s['turns']:.2f}, tool calls per episode "
+        f"{s['tool_calls']:.2f} ({s['tool_failures']:.2f} failed); statuses: {statuses}"
     )
 
 
@@ -130,8 +117,7 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
         default={},
         help="template variables as JSON, e.g. '{\"enable_thinking\": false}'",
     )
-    parser.add_argument("--max-turns", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    AgentLimits.add_arguments(parser)
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--split", default=None, help="dataset split, for builders that have one")
@@ -159,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_agent_arguments(eval_parser)
     eval_parser.add_argument("-n", type=int, default=8, help="episodes")
     eval_parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    eval_parser.add_argument(
+        "--success-threshold", type=float, default=1.0, help="reward that counts as a success"
+    )
     eval_parser.set_defaults(handler=evaluate)
     return parser
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 import toolgym
+from toolgym.agents import AgentLimits
 from toolgym.algorithms import GRPOConfig, GRPOTrainer
 from toolgym.testing import tiny_model, tiny_tokenizer
 
@@ -55,9 +56,7 @@ def main(output: Path, steps: int, resume: str | None, hang_at: int | None) -> N
         prompts_per_step=1,
         num_generations=4,
         micro_batch_size=2,
-        max_turns=2,
-        max_new_tokens=12,
-        max_episode_tokens=400,
+        limits=AgentLimits(max_turns=2, max_new_tokens=12, max_episode_tokens=400),
         parser="hermes",
         env_reward=False,
         learning_rate=1e-2,

@@ -19,30 +19,13 @@ from typing import Any
 
 from toolgym.agents.chat import ChatRenderer
 from toolgym.agents.engines.base import Completion, Engine, GenerationRequest, SamplingParams
+from toolgym.agents.limits import AgentLimits
 from toolgym.agents.parsers import ParsedMessage, Parser, get_parser, type_arguments
 from toolgym.agents.trajectory import Status, Trajectory
 from toolgym.envs.adapter import as_environment
 from toolgym.envs.core import Environment, MalformedToolCall, ToolCall, run_coroutine
 
 Row = dict[str, Any]
-
-
-@dataclass
-class AgentLimits:
-    """Limits of one episode.
-
-    Attributes:
-        max_turns: Model turns (generations) per episode.
-        max_new_tokens: Most tokens the model may write in one turn.
-        max_episode_tokens: Budget of completion tokens (model plus observation) per episode.
-        tool_timeout: Seconds one turn's tool calls may take before the episode ends with
-            `tool_timeout`.
-    """
-
-    max_turns: int = 10
-    max_new_tokens: int = 256
-    max_episode_tokens: int = 2048
-    tool_timeout: float = 30.0
 
 
 class RequestBatcher:

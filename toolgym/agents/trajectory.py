@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import statistics
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -125,3 +127,39 @@ def save_jsonl(trajectories: Iterable[Trajectory], path: str | Path, append: boo
 def load_jsonl(path: str | Path) -> list[Trajectory]:
     with Path(path).open(encoding="utf-8") as file:
         return [Trajectory.from_dict(json.loads(line)) for line in file if line.strip()]
+
+
+def outcome(trajectory: Trajectory) -> dict[str, Any]:
+    """What `summarize` needs of one episode (small: trainers gather these across processes)."""
+    metrics = trajectory.metrics
+    return {
+        "reward": trajectory.reward,
+        "status": trajectory.status,
+        "turns": metrics["turns"],
+        "tool_calls": metrics["tool_calls"],
+        "tool_failures": metrics["tool_failures"],
+    }
+
+
+def summarize(
+    episodes: Iterable[Trajectory | dict[str, Any]], success_threshold: float = 1.0
+) -> dict[str, Any]:
+    """Figures of finished episodes (trajectories, or their `outcome`s): their count, mean
+    reward, success rate (reward at least `success_threshold`), mean turns, tool calls, failed
+    and valid tool calls per episode, and how many ended with each status."""
+    rows = [outcome(e) if isinstance(e, Trajectory) else e for e in episodes]
+    if not rows:
+        raise ValueError("no episodes to summarize")
+    rewards = [row["reward"] for row in rows]
+    return {
+        "episodes": len(rows),
+        "reward": statistics.fmean(rewards),
+        "success_rate": statistics.fmean(r >= success_threshold for r in rewards),
+        "turns": statistics.fmean(row["turns"] for row in rows),
+        "tool_calls": statistics.fmean(row["tool_calls"] for row in rows),
+        "tool_failures": statistics.fmean(row["tool_failures"] for row in rows),
+        "valid_tool_calls": statistics.fmean(
+            row["tool_calls"] - row["tool_failures"] for row in rows
+        ),
+        "statuses": dict(Counter(row["status"] for row in rows)),
+    }

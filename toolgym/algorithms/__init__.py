@@ -5,10 +5,11 @@
 optional warm-up on environment demonstrations.
 """
 
+from toolgym.agents.trajectory import summarize
 from toolgym.algorithms.advantages import group_advantages
 from toolgym.algorithms.batch import TokenBatch, collate
 from toolgym.algorithms.config import GRPOConfig, RLOOConfig, SFTConfig
-from toolgym.algorithms.grpo import GRPOTrainer, summarize
+from toolgym.algorithms.grpo import GRPOTrainer
 from toolgym.algorithms.losses import StepNormalizer, masked_nll, policy_loss, token_logprobs
 from toolgym.algorithms.rewards import compute_rewards
 from toolgym.algorithms.rloo import RLOOTrainer

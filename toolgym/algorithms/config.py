@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from toolgym.agents.limits import AgentLimits
+
 LossType = Literal["grpo", "dr_grpo", "dapo", "bnpo"]
 ScaleRewards = Literal["group", "batch", "none"]
 EngineName = Literal["hf", "vllm", "vllm-server"]
@@ -80,14 +82,9 @@ class GRPOConfig:
     """Where each rollout's environment lives: "local" (this process), "process", "docker" or
     "auto" (the strongest available); None: the environment's registered default. For a
     class, None means "local". For warm instances pass `env=SandboxPool(...).lease`."""
-    max_turns: int = 10
-    """Model turns per episode."""
-    max_new_tokens: int = 128
-    """Tokens the model may write per turn."""
-    max_episode_tokens: int = 1024
-    """Completion budget per episode (model plus observation tokens)."""
-    tool_timeout: float = 30.0
-    """Seconds one turn's tool calls may take before the episode ends with `tool_timeout`."""
+    limits: AgentLimits = field(default_factory=AgentLimits)
+    """Episode limits: `max_turns`, `max_new_tokens`, `max_episode_tokens`, `tool_timeout`
+    (`toolgym.agents.AgentLimits`; a dict is accepted)."""
     temperature: float = 1.0
     """Sampling temperature during training rollouts (also applied to trainer logprobs)."""
     top_p: float = 1.0
@@ -106,7 +103,7 @@ class GRPOConfig:
     """Token aggregation: `grpo` (mean per sequence, then over sequences), `bnpo` (mean over
     the micro-batch's tokens), `dapo` (sum over the step's tokens divided by their count, so
     every token weighs the same however the step is split), `dr_grpo` (sum divided by
-    trajectories x `max_episode_tokens`)."""
+    trajectories x `limits.max_episode_tokens`)."""
     epsilon: float = 0.2
     """Lower clip range of the probability ratio."""
     epsilon_high: float | None = 0.28
@@ -148,6 +145,8 @@ class GRPOConfig:
     fine-tuning)."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.limits, dict):  # a config read back from JSON
+            self.limits = AgentLimits(**self.limits)
         if self.num_generations < 2:
             raise ValueError("num_generations must be at least 2 for a group baseline")
         if self.loss_type not in ("grpo", "dr_grpo", "dapo", "bnpo"):

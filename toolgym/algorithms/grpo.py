@@ -28,8 +28,8 @@ from transformers import get_scheduler
 import toolgym
 from toolgym.agents.engines.base import SamplingParams
 from toolgym.agents.engines.hf import HFEngine
-from toolgym.agents.rollout import Agent, AgentLimits
-from toolgym.agents.trajectory import Sample, Trajectory, save_jsonl
+from toolgym.agents.rollout import Agent
+from toolgym.agents.trajectory import Sample, Trajectory, outcome, save_jsonl, summarize
 from toolgym.algorithms.advantages import group_advantages
 from toolgym.algorithms.batch import collate_samples
 from toolgym.algorithms.checkpoint import (
@@ -269,7 +269,7 @@ class GRPOTrainer:
             sequences=used_everywhere,
             tokens=tokens,
             micro_batches=len(batches) * self.accelerator.num_processes,
-            max_tokens=args.max_episode_tokens,
+            max_tokens=args.limits.max_episode_tokens,
         )
         self.model.train()
         totals: Counter[str] = Counter()
@@ -333,24 +333,18 @@ class GRPOTrainer:
         used: torch.Tensor,
     ) -> dict[str, Any]:
         rewards = [r for r, _ in everyone]
-        local = self._gather(
-            [
-                (t.status, t.metrics["turns"], t.metrics["tool_calls"], t.metrics["tool_failures"])
-                for t in trajectories
-            ]
+        summary = summarize(
+            self._gather([outcome(t) for t in trajectories]), self.args.success_threshold
         )
         metrics: dict[str, Any] = {
-            "reward": statistics.fmean(rewards),
+            "reward": summary["reward"],
             "reward_std": statistics.pstdev(rewards),
-            "success_rate": statistics.fmean(r >= self.args.success_threshold for r in rewards),
+            "success_rate": summary["success_rate"],
             "excluded": sum(not v for _, v in everyone),
             "groups_without_signal": _groups_without_signal(
                 rewards, used, self.args.num_generations
             ),
-            "turns": statistics.fmean(x[1] for x in local),
-            "tool_calls": statistics.fmean(x[2] for x in local),
-            "tool_failures": statistics.fmean(x[3] for x in local),
-            "statuses": dict(Counter(x[0] for x in local)),
+            **{k: summary[k] for k in ("turns", "tool_calls", "tool_failures", "statuses")},
         }
         for name, values in sources.items():
             finite = [v for v in values if not math.isnan(v)]
@@ -440,12 +434,7 @@ class GRPOTrainer:
             chat_template=args.chat_template,
             chat_template_kwargs=args.chat_template_kwargs,
             per_turn=args.per_turn,
-            limits=AgentLimits(
-                max_turns=args.max_turns,
-                max_new_tokens=args.max_new_tokens,
-                max_episode_tokens=args.max_episode_tokens,
-                tool_timeout=args.tool_timeout,
-            ),
+            limits=args.limits,
             sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p),
             batch_wait=args.batch_wait,
         )
@@ -469,21 +458,6 @@ class GRPOTrainer:
 
             return VLLMServerEngine(args.vllm_server_url, weights_dir=str(folder))
         raise ValueError(f"unknown engine {args.engine!r}")
-
-
-def summarize(trajectories: Sequence[Trajectory], success_threshold: float = 1.0) -> dict:
-    """Evaluation figures of finished episodes."""
-    rewards = [t.reward for t in trajectories]
-    valid = [t.metrics["tool_calls"] - t.metrics["tool_failures"] for t in trajectories]
-    return {
-        "episodes": len(trajectories),
-        "reward": statistics.fmean(rewards),
-        "success_rate": statistics.fmean(r >= success_threshold for r in rewards),
-        "turns": statistics.fmean(t.metrics["turns"] for t in trajectories),
-        "tool_calls": statistics.fmean(t.metrics["tool_calls"] for t in trajectories),
-        "valid_tool_calls": statistics.fmean(valid),
-        "statuses": dict(Counter(t.status for t in trajectories)),
-    }
 
 
 def _length(sample: Sample) -> int:

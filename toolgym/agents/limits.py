@@ -1,0 +1,53 @@
+"""The limits of one episode, declared once: the agent, the trainers' configs and the CLI all
+read them from here (`AgentLimits`)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field, fields
+
+
+@dataclass
+class AgentLimits:
+    """Limits of one episode. A limit that ends an episode names its status."""
+
+    max_turns: int = field(
+        default=10,
+        metadata={
+            "help": "assistant turns (generations) per episode; the episode ends with status "
+            "max_turns after this many (an environment's own max_turns counts the same turns)"
+        },
+    )
+    max_new_tokens: int = field(
+        default=256, metadata={"help": "tokens the model may write in one turn"}
+    )
+    max_episode_tokens: int = field(
+        default=2048,
+        metadata={
+            "help": "completion budget per episode (model plus observation tokens); the "
+            "episode ends with status length when it is spent"
+        },
+    )
+    tool_timeout: float = field(
+        default=30.0,
+        metadata={
+            "help": "seconds one turn's tool calls may take; the episode ends with status "
+            "tool_timeout past it"
+        },
+    )
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Add `--max-turns`, `--max-new-tokens`, ... (defaults and help from the fields)."""
+        for item in fields(cls):
+            parser.add_argument(
+                f"--{item.name.replace('_', '-')}",
+                type=type(item.default),
+                default=item.default,
+                help=f"{item.metadata['help']} (default: {item.default})",
+            )
+
+    @classmethod
+    def from_arguments(cls, args: argparse.Namespace) -> AgentLimits:
+        """The limits parsed by `add_arguments`."""
+        return cls(**{item.name: getattr(args, item.name) for item in fields(cls)})

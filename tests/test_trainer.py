@@ -278,3 +278,30 @@ def test_environments_close_on_every_path(tokenizer, tmp_path):
     assert opened and len(closed) == len(opened)
     trainer.evaluate(rows(2, seed=3))
     assert len(closed) == len(opened) == 6 + 2
+
+
+def test_several_passes_per_step_make_clipping_act_from_the_second(tokenizer, tmp_path):
+    """`num_iterations=3`: the first pass's ratio is 1 (nothing clipped); later passes move
+    the policy away from the logprobs taken before the first, and clipping acts."""
+    torch.manual_seed(0)
+    model = train_tool_caller(tokenizer)
+    args = config(
+        tmp_path,
+        max_steps=1,
+        num_iterations=3,
+        learning_rate=3e-2,
+        epsilon=0.01,
+        epsilon_high=0.01,
+        env_reward=False,
+        temperature=0.8,
+    )
+    trainer = GRPOTrainer(
+        model, "Wordle-v0", rows(6), reward_funcs=[valid_guesses], args=args, tokenizer=tokenizer
+    )
+    (metrics,) = trainer.train()
+    assert metrics["reward_std"] > 0, "no advantage: nothing to update"
+    assert metrics["clip_fraction/pass1"] == 0.0
+    assert metrics["clip_fraction/pass2"] > 0.0
+    assert metrics["clip_fraction/pass3"] > 0.0
+    with pytest.raises(ValueError, match="num_iterations"):
+        config(tmp_path, num_iterations=0)

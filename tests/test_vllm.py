@@ -14,10 +14,16 @@ vllm = pytest.importorskip(
 pytestmark = pytest.mark.vllm
 
 
-def test_the_trainer_samples_with_vllm_and_pushes_every_update(tmp_path):
+@pytest.mark.parametrize(
+    "lora",
+    [None, {"r": 4, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}],
+    ids=["full", "lora"],
+)
+def test_the_trainer_samples_with_vllm_and_pushes_every_update(tmp_path, lora):
     """engine="vllm": rollouts come from vLLM, and after a step vLLM serves the trained
-    weights (its greedy tokens equal transformers' on the updated model). First in the file,
-    so it runs before the module's shared engine exists."""
+    weights (its logprobs equal transformers' on the updated model); with LoRA, vLLM gets the
+    base weights with the adapters merged. First in the file, so it runs before the module's
+    shared engine exists."""
     import toolgym
     from toolgym.algorithms import GRPOConfig, GRPOTrainer
     from toolgym.testing import tiny_model
@@ -41,6 +47,7 @@ def test_the_trainer_samples_with_vllm_and_pushes_every_update(tmp_path):
         learning_rate=3e-2,
         progress_bar=False,
         save_steps=0,
+        lora=lora,
     )
     rows = list(toolgym.spec("Wordle-v0").dataset(2, seed=0))
     trainer = GRPOTrainer(model, "Wordle-v0", rows, [varied], args, tokenizer=tokenizer)

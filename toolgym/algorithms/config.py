@@ -104,8 +104,13 @@ class GRPOConfig:
     the micro-batch's tokens), `dapo` (sum over the step's tokens divided by their count, so
     every token weighs the same however the step is split), `dr_grpo` (sum divided by
     trajectories x `limits.max_episode_tokens`)."""
+    num_iterations: int = 1
+    """Optimizer passes over each step's rollouts (PPO's epochs; GRPO's mu). The ratio's
+    denominator (old logprobs) is taken once, before the first pass, so clipping by
+    `epsilon` / `epsilon_high` acts from the second pass on; with 1 pass the ratio is 1 and
+    clipping never acts. The learning-rate schedule advances once per step, not per pass."""
     epsilon: float = 0.2
-    """Lower clip range of the probability ratio."""
+    """Lower clip range of the probability ratio (acts only with `num_iterations` > 1)."""
     epsilon_high: float | None = 0.28
     """Upper clip range (DAPO's clip-higher); None means `epsilon`."""
     beta: float = 0.0
@@ -147,6 +152,8 @@ class GRPOConfig:
     def __post_init__(self) -> None:
         if isinstance(self.limits, dict):  # a config read back from JSON
             self.limits = AgentLimits(**self.limits)
+        if self.num_iterations < 1:
+            raise ValueError("num_iterations must be at least 1")
         if self.num_generations < 2:
             raise ValueError("num_generations must be at least 2 for a group baseline")
         if self.loss_type not in ("grpo", "dr_grpo", "dapo", "bnpo"):

@@ -42,6 +42,7 @@ from toolgym.algorithms.losses import StepNormalizer, policy_loss, token_logprob
 from toolgym.algorithms.rewards import RewardFunc, compute_rewards
 from toolgym.algorithms.sft import demonstrations, warmup_sft
 from toolgym.algorithms.tracking import MetricsLog, plot_rewards
+from toolgym.algorithms.weights import policy_state_dict, save_policy
 from toolgym.envs.core import close_all
 
 Row = dict[str, Any]
@@ -129,7 +130,7 @@ class GRPOTrainer:
                 self.scheduler,
                 rank=self.accelerator.process_index,
             )
-            self.engine.update_weights(self._unwrapped)
+            self._sync_engine()
         bar = _progress(self.args, self.step, self.accelerator.is_main_process)
         history = []
         while self.step < self.args.max_steps:
@@ -186,7 +187,7 @@ class GRPOTrainer:
         )
         update_started = time.perf_counter()
         loss_stats = self._update(trajectories, advantages[share], used[share], int(used.sum()))
-        self.engine.update_weights(self._unwrapped)
+        self._sync_engine()
         self.step += 1
         metrics = self._step_metrics(everyone, trajectories, sources, used)
         metrics.update(loss_stats)
@@ -271,27 +272,38 @@ class GRPOTrainer:
             micro_batches=len(batches) * self.accelerator.num_processes,
             max_tokens=args.limits.max_episode_tokens,
         )
+        old = self._old_logprobs(batches) if args.num_iterations > 1 else [None] * len(batches)
         self.model.train()
         totals: Counter[str] = Counter()
-        for batch in batches:
-            stats = self._micro_step(batch, normalizer)
-            totals.update(stats)
-        if args.max_grad_norm:
-            grad_norm = self.accelerator.clip_grad_norm_(
-                self.model.parameters(), args.max_grad_norm
-            )
-            totals["grad_norm"] = float(grad_norm) * len(batches)
-        self.optimizer.step()
+        for iteration in range(args.num_iterations):
+            passed: Counter[str] = Counter()
+            for batch, old_logprobs in zip(batches, old, strict=True):
+                passed.update(self._micro_step(batch, normalizer, old_logprobs))
+            if args.max_grad_norm:
+                grad_norm = self.accelerator.clip_grad_norm_(
+                    self.model.parameters(), args.max_grad_norm
+                )
+                passed["grad_norm"] = float(grad_norm) * len(batches)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            if args.num_iterations > 1:
+                passed[f"clip_fraction/pass{iteration + 1}"] = passed["clip_fraction"]
+            totals.update(passed)
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
         self.model.eval()
-        return {k: v / len(batches) for k, v in totals.items()}
+        return {k: v / len(batches) / args.num_iterations for k, v in totals.items()} | {
+            k: v / len(batches) for k, v in totals.items() if k.startswith("clip_fraction/")
+        }
 
-    def _micro_step(self, batch: Any, normalizer: StepNormalizer) -> dict[str, float]:
+    def _old_logprobs(self, batches: list[Any]) -> list[torch.Tensor]:
+        """The policy's logprobs before this step's first pass: the ratio's denominator."""
+        self.model.eval()
+        with torch.no_grad():
+            return [self._logprobs(self.model, batch) for batch in batches]
+
+    def _logprobs(self, model: Any, batch: Any) -> torch.Tensor:
         args = self.args
-        mask, sampling_logprobs, _ = batch.targets()
-
-        def logprobs_of(model: Any) -> torch.Tensor:
+        with torch.autocast(batch.input_ids.device.type, torch.bfloat16, enabled=args.bf16):
             return token_logprobs(
                 model,
                 batch.input_ids,
@@ -300,15 +312,21 @@ class GRPOTrainer:
                 args.temperature,
             )
 
-        with torch.autocast(batch.input_ids.device.type, torch.bfloat16, enabled=args.bf16):
-            logprobs = logprobs_of(self.model)
-            ref = None
-            if self.ref_model is not None:
-                with torch.no_grad():
-                    ref = logprobs_of(self.ref_model)
+    def _micro_step(
+        self, batch: Any, normalizer: StepNormalizer, old_logprobs: torch.Tensor | None
+    ) -> dict[str, float]:
+        """Forward and backward of one micro-batch; `old_logprobs` None: this pass's own
+        (detached), i.e. a single pass."""
+        args = self.args
+        mask, sampling_logprobs, _ = batch.targets()
+        logprobs = self._logprobs(self.model, batch)
+        ref = None
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref = self._logprobs(self.ref_model, batch)
         loss, stats = policy_loss(
             logprobs,
-            logprobs.detach(),
+            logprobs.detach() if old_logprobs is None else old_logprobs,
             batch.advantages,
             mask,
             normalizer,
@@ -395,7 +413,7 @@ class GRPOTrainer:
         self._unwrapped.eval()
         if self.ref_model is not None:  # the KL anchors to the policy RL starts from
             self.ref_model = _frozen_copy(self._unwrapped)
-        self.engine.update_weights(self._unwrapped)
+        self._sync_engine()
         return losses
 
     def save(self, folder: str | Path) -> Path | None:
@@ -439,12 +457,20 @@ class GRPOTrainer:
             batch_wait=args.batch_wait,
         )
 
+    def _sync_engine(self) -> None:
+        """Give the engine the policy's current weights (transformers samples from the model
+        itself; vLLM gets them with any LoRA adapters merged)."""
+        if isinstance(self.engine, HFEngine):
+            self.engine.update_weights(self._unwrapped)
+        else:
+            self.engine.update_weights(policy_state_dict(self._unwrapped))
+
     def _make_engine(self) -> Any:
         args = self.args
         if args.engine == "hf":
             return HFEngine(self._unwrapped, self.tokenizer)
         folder = self._path("engine-weights")
-        self._unwrapped.save_pretrained(folder)
+        save_policy(self._unwrapped, folder)  # LoRA adapters merged: vLLM loads the base model
         self.tokenizer.save_pretrained(folder)
         if args.engine == "vllm":
             from toolgym.agents.engines.vllm import VLLMEngine

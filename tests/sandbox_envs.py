@@ -113,6 +113,12 @@ class Prober(toolgym.Environment):
         """The worker's environment variables."""
         return dict(os.environ)
 
+    def import_path(self) -> list:
+        """The worker's sys.path."""
+        import sys
+
+        return sys.path
+
     def status(self) -> dict:
         """Capabilities, no_new_privs and the uid, from /proc/self/status."""
         lines = Path("/proc/self/status").read_text().splitlines()

@@ -366,3 +366,26 @@ def test_glm_turns_end_where_the_next_turn_opens():
     rendered = agent.renderer.render(trajectory.messages[:-1], tools, add_generation_prompt=True)
     assert tokenizer.decode(upto) == rendered
     assert tokenizer.decode(upto).count("<|observation|>") == 1
+
+
+class Undecodable(toolgym.Environment):
+    def reset(self) -> str | None:
+        return "Look at \udcfe this."
+
+    def look(self) -> str:
+        """Show bytes that are not UTF-8, as a program's output can be."""
+        self.done = True
+        return bytes([0xFF, 0x41]).decode("utf-8", "surrogateescape")
+
+
+def test_undecodable_tool_output_is_escaped_and_the_samples_save(tokenizer, tmp_path):
+    """A lone surrogate in a tool result or an observation becomes an escape: the template
+    renders, the episode ends normally and its samples are written."""
+    reply = '<tool_call>{"name": "look", "arguments": {}}</tool_call><|im_end|>'
+    agent = Agent(ScriptedEngine([ids(tokenizer, reply)]), tokenizer, parser="hermes")
+    (trajectory,) = agent.run([Undecodable()], [{"prompt": "go"}])
+    assert trajectory.status == "env_done", trajectory.error
+    assert trajectory.messages[-1]["content"] == "\\udcffA"
+    assert "\\udcfe" in trajectory.messages[0]["content"]
+    save_jsonl([trajectory], tmp_path / "samples.jsonl")
+    assert load_jsonl(tmp_path / "samples.jsonl")[0].messages == trajectory.messages

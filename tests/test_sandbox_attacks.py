@@ -97,7 +97,7 @@ def _all(*checks: Callable[[str, str], None]) -> Callable[[str, str], None]:
 
 def _fork_bomb_stopped(content: str, backend: str) -> None:
     assert "stopped after" in content, content
-    assert int(content.split("stopped after ")[1].split()[0]) <= 64
+    assert int(content.split("stopped after ")[1].split()[0]) <= 256  # the tasks limit
 
 
 _PREAMBLE = f"""
@@ -328,8 +328,62 @@ ATTACKS: dict[str, Attack] = {
         """
         os.write(1, b"\\xff\\xfe")
         print(bytes(range(128, 256)).decode("utf-8", "surrogateescape"))
+        "\\udcff"
         """,
-        _contains("stdout:"),
+        _all(_contains("\\udc80", "value: "), lambda content, backend: content.encode("utf-8")),
+    ),
+    "bypass the output cut inside the session": Attack(
+        """
+        import sys
+        sys.modules["__main__"]._cut = lambda text, limit: text
+        print("A" * 140_000)
+        """,
+        _all(_contains("more characters cut"), lambda content, backend: len(content) < 5000),
+    ),
+    "a reply nested past the host's recursion limit": Attack(
+        "for fd in own_sockets(): os.write(fd, b'[' * 70000 + b']' * 70000 + b'\\n')",
+        _contains("session: the session broke its protocol"),
+    ),
+    "thread bomb": Attack(
+        """
+        import threading, time
+        threading.stack_size(32 * 1024)  # cheap threads: memory is not what stops them
+        started = 0
+        try:
+            while started < 5000:
+                threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+                started += 1
+        except RuntimeError as error:
+            print("stopped after", started, error)
+        """,
+        _fork_bomb_stopped,
+    ),
+    "escape the session's process group (fork, setsid, fork)": Attack(
+        """
+        try:
+            if os.fork() == 0:
+                os.setsid()
+                if os.fork() == 0:
+                    import time
+                    time.sleep(60)
+                os._exit(0)
+            print("forked")
+        except OSError as error:
+            print("refused:", error.strerror)
+        """,
+        _all(_contains("refused:"), _lacks("forked")),
+    ),
+    "stop the session's parent (SIGSTOP)": Attack(
+        """
+        import signal
+        try:
+            os.kill(os.getppid(), signal.SIGSTOP)
+        except OSError as error:
+            print(error.strerror)
+        print("sent")
+        """,
+        _contains("sent"),
+        spoils_worker=("process",),  # the zygote, stopped: the next episode gets a new worker
     ),
     "close its stdio": Attack(
         """
@@ -416,3 +470,25 @@ def test_the_attack_is_held(repl, host_service, name):
     for leaked in ("/etc/attack", "/usr/attack", "/var/tmp/attack", "/attack"):
         assert not Path(leaked).exists()
     assert not (TOOLGYM_SOURCE / "attack.py").exists()
+
+
+def test_a_local_session_holds_its_code_too():
+    """Without a sandbox (`local`) the code still runs in a session process: it cannot fork a
+    process that outlives the session, and a session that stops reading cannot hang the
+    host (the request is written under the run's deadline)."""
+    import time
+
+    from toolgym.sandbox.executor import PythonSession
+
+    with PythonSession(timeout=2) as session:
+        forked = session.run("import os\nos.fork()")
+        assert "BlockingIOError" in forked.stderr, forked
+        stop_soon = "import os, signal, threading\n"
+        stop_soon += "threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGSTOP)).start()"
+        assert session.run(stop_soon).ended is None
+        time.sleep(0.5)
+        started = time.monotonic()
+        output = session.run("x = 1\n" * 150_000)  # about 900 KB: more than socket buffers
+        assert output.ended and "state is lost" in output.ended, output
+        assert time.monotonic() - started < 5
+        assert session.run("6 * 7").value == "42"  # a fresh session

@@ -12,7 +12,13 @@ import pytest
 from sandbox_envs import Prober
 
 import toolgym
-from toolgym.sandbox import ProcessBackend, ProcessLimits, RemoteEnvironment, SandboxError
+from toolgym.sandbox import (
+    ProcessBackend,
+    ProcessLimits,
+    RemoteEnvironment,
+    SandboxError,
+    sandboxed,
+)
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None and not os.environ.get("TOOLGYM_REQUIRE_SANDBOXES"),
@@ -47,6 +53,26 @@ def test_no_capabilities_no_new_privileges_and_an_unprivileged_uid(prober):
     content, _ = answer(prober, "new_user_namespace")  # no namespace of its own to be root in
     assert content.startswith("refused"), content
     assert "no capabilities" in prober.isolation.user
+
+
+@pytest.mark.parametrize("where", ["process", pytest.param("docker", marks=pytest.mark.docker)])
+def test_the_worker_never_imports_from_its_writable_folders(where):
+    """The worker runs in /tmp, which the model's code can write: a module planted there must
+    never shadow one the worker imports later (PYTHONSAFEPATH keeps the folder off sys.path)."""
+    import json
+
+    if where == "docker":
+        from toolgym.sandbox.docker import docker_ready
+
+        if not docker_ready() and os.environ.get("TOOLGYM_REQUIRE_SANDBOXES") != "1":
+            pytest.skip("no Docker daemon or sandbox image")
+    env = sandboxed(Prober, {}, where)
+    try:
+        env.reset()
+        path = json.loads(answer(env, "import_path")[0])
+        assert "" not in path and "/tmp" not in path and "." not in path, path
+    finally:
+        env.close()
 
 
 def test_no_host_secrets_sockets_or_home(prober):

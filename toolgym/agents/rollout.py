@@ -24,6 +24,7 @@ from toolgym.agents.parsers import ParsedMessage, Parser, get_parser, type_argum
 from toolgym.agents.trajectory import Status, Trajectory
 from toolgym.envs.adapter import as_environment
 from toolgym.envs.core import Environment, MalformedToolCall, ToolCall, run_coroutine
+from toolgym.envs.tools import valid_text
 
 Row = dict[str, Any]
 
@@ -403,6 +404,7 @@ def _prompt_messages(prompt: Any, first_observation: str | None) -> list[dict[st
     else:
         messages = [dict(m) for m in prompt]
     if first_observation:
+        first_observation = valid_text(first_observation)
         if messages and messages[-1]["role"] == "user":
             messages[-1]["content"] = f"{messages[-1]['content']}\n\n{first_observation}"
         else:

@@ -119,7 +119,11 @@ class Trajectory:
 
 def save_jsonl(trajectories: Iterable[Trajectory], path: str | Path, append: bool = False) -> None:
     """Write one JSON object per line (after what the file holds when `append`)."""
-    with Path(path).open("a" if append else "w", encoding="utf-8") as file:
+    # backslashreplace: a lone surrogate in some text (never from toolgym's own rendering)
+    # must not lose the run's samples
+    with Path(path).open(
+        "a" if append else "w", encoding="utf-8", errors="backslashreplace"
+    ) as file:
         for trajectory in trajectories:
             file.write(json.dumps(trajectory.to_dict(), ensure_ascii=False, default=str) + "\n")
 

@@ -115,16 +115,27 @@ def collect_tools(cls: type, exclude: set[str]) -> dict[str, Tool]:
 
 
 def render_result(value: Any) -> str:
-    """Tool return value -> message content: strings as they are, everything else as JSON."""
+    """Tool return value -> message content: strings as they are, everything else as JSON;
+    either way valid Unicode (see `valid_text`)."""
     if isinstance(value, str):
-        return value
+        return valid_text(value)
     try:
-        return json.dumps(value, ensure_ascii=False)
+        return valid_text(json.dumps(value, ensure_ascii=False))
     except (TypeError, ValueError, RecursionError) as error:
         raise TypeError(
             f"the tool returned a {type(value).__name__}, which cannot be converted to JSON "
             f"({error}); return a string or JSON-compatible data"
         ) from None
+
+
+def valid_text(text: str) -> str:
+    """`text` with lone surrogates (undecodable bytes, e.g. from `surrogateescape`) written as
+    `\\udcff` escapes: a tokenizer, a chat template and a UTF-8 file all take the result."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 MAX_ARGUMENT_DEPTH = 32

@@ -185,6 +185,7 @@ class DockerBackend:
             environment={
                 "PYTHONPATH": ":".join(paths),
                 "TOOLGYM_WORKER": "1",
+                "PYTHONSAFEPATH": "1",  # not /tmp (writable) on the worker's import path
                 # the worker limits its own address space to this, so that an allocation past
                 # the container's memory is a MemoryError the model reads, not an OOM kill
                 "TOOLGYM_MEMORY_BYTES": str(limits.memory_bytes + _THREAD_MARGIN),

@@ -51,6 +51,9 @@ OUTPUT_LIMIT = 4000
 """Characters of stdout, of stderr and of the last expression's repr that a run returns; the
 rest is cut and replaced by a note saying how much was dropped."""
 
+_ZYGOTE_ANSWER_SECONDS = 5.0
+"""How long a worker waits for its zygote to fork a session before declaring it lost."""
+
 _zygote: _Zygote | None = None
 """Set in a worker that may not create processes: sessions are forked from it."""
 
@@ -91,7 +94,7 @@ class PythonSession:
         request = {"id": self._next_id, "code": code, "limit": self.output_limit}
         try:
             reply = self._process.exchange(request, self.timeout, _reply_bytes(self.output_limit))
-            return _read_reply(reply, self._next_id)
+            return _read_reply(reply, self._next_id, self.output_limit)
         except _SessionEnded as ended:
             self.close()
             return RunOutput(ended=f"{ended}; its state is lost and the next run starts afresh")
@@ -126,11 +129,8 @@ class _SessionProcess:
         self._finalizer = weakref.finalize(self, _kill, sock, pid, popen)
 
     def exchange(self, request: dict[str, Any], timeout: float, limit: int) -> bytes:
-        try:
-            self.sock.sendall(json.dumps(request).encode() + b"\n")
-        except OSError as error:
-            raise _SessionEnded(f"the session's process ended ({error.strerror})") from None
         deadline = time.monotonic() + timeout
+        self._send(json.dumps(request).encode() + b"\n", deadline, timeout)
         while b"\n" not in self._buffer:
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([self.sock], [], [], left)[0]:
@@ -148,6 +148,18 @@ class _SessionProcess:
         if self._buffer:
             raise _SessionEnded("the session broke its protocol (a reply nobody asked for)")
         return line
+
+    def _send(self, data: bytes, deadline: float, timeout: float) -> None:
+        """All of `data` before `deadline` (a session that stops reading cannot hang us)."""
+        view = memoryview(data)
+        while view:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([], [self.sock], [], left)[1]:
+                raise _SessionEnded(f"the session stopped reading its input for {timeout:g} s")
+            try:
+                view = view[self.sock.send(view[: 1 << 16]) :]
+            except OSError as error:
+                raise _SessionEnded(f"the session's process ended ({error.strerror})") from None
 
     def kill(self) -> None:
         self._finalizer()
@@ -169,7 +181,9 @@ def _reply_bytes(output_limit: int) -> int:
     return 36 * output_limit + 4096
 
 
-def _read_reply(line: bytes, request_id: int) -> RunOutput:
+def _read_reply(line: bytes, request_id: int, limit: int) -> RunOutput:
+    """The session's reply, checked and cut again here: the model's code may have replaced
+    the session's own cutting, or written the reply itself."""
     try:
         reply = json.loads(line)
         fields = [reply.get(name) for name in ("stdout", "stderr", "value")]
@@ -179,11 +193,12 @@ def _read_reply(line: bytes, request_id: int) -> RunOutput:
             and isinstance(fields[1], str)
             and (fields[2] is None or isinstance(fields[2], str))
         )
-    except (ValueError, AttributeError):
+    except Exception:  # any decoding failure (RecursionError, ValueError, ...) ends it
         valid = False
     if not valid:
         raise _SessionEnded("the session broke its protocol (an unreadable reply)")
-    return RunOutput(*fields)
+    room = limit + 64  # the session's own cut leaves a note of how much it dropped
+    return RunOutput(*(None if field is None else _cut(field, room) for field in fields))
 
 
 # -- starting sessions -------------------------------------------------------------------------
@@ -249,21 +264,40 @@ class _Zygote:
 
     def fork_session(self) -> _SessionProcess:
         try:
+            self.sock.settimeout(_ZYGOTE_ANSWER_SECONDS)
             self.sock.sendall(b"n")
             message, fds, _, _ = socket.recv_fds(self.sock, 64, 1)
-        except OSError as error:
+        except OSError as error:  # a timeout too: stopped (SIGSTOP) or stuck
+            self.popen.kill()
             raise SessionStartError(f"the session zygote is gone ({error})") from None
         if not fds or not message.isdigit():
             for fd in fds:
                 os.close(fd)
+            self.popen.kill()
             raise SessionStartError("the session zygote is gone (the model's code killed it?)")
         return _SessionProcess(socket.socket(fileno=fds[0]), int(message), None)
+
+    def lost(self) -> bool:
+        """Dead, or stopped (a same-user process can SIGSTOP it): either way, no more
+        sessions; a stopped one is killed."""
+        if self.popen.poll() is not None:
+            return True
+        try:
+            with open(f"/proc/{self.popen.pid}/stat", "rb") as stat:
+                state = stat.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        if state in (b"T", b"t"):
+            self.popen.kill()
+            self.popen.wait()
+            return True
+        return False
 
 
 def zygote_lost() -> bool:
     """Whether this process had a session zygote and it died (the model's code can kill it:
     same user). A worker then exits after its reply, so the next episode gets a fresh one."""
-    return _zygote is not None and _zygote.popen.poll() is not None
+    return _zygote is not None and _zygote.lost()
 
 
 def start_zygote() -> None:
@@ -281,12 +315,11 @@ def _serve_zygote(fd: int) -> None:
         parent_end, child_end = socket.socketpair()
         pid = os.fork()
         if pid == 0:
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # (and non-dumpable, inherited)
             keep = child_end.fileno()
             os.closerange(3, keep)
             os.closerange(keep + 1, 1 << 16)
-            problem = forbid_new_processes()
-            if problem is not None:
+            if forbid_new_processes() is not None:
                 os._exit(3)  # never run model code without the filter the worker has
             _serve_session(keep)
             os._exit(0)
@@ -339,6 +372,12 @@ def _execute(code: str, namespace: dict[str, Any]) -> Any:
 
 
 def _cut(text: str, limit: int) -> str:
+    """At most `limit` characters of valid Unicode (lone surrogates, e.g. from printing
+    undecodable bytes, become `\\udcff` escapes: a tokenizer must take the text)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     if len(text) <= limit:
         return text
     return f"{text[:limit]}\n... [{len(text) - limit} more characters cut]"
@@ -425,10 +464,16 @@ def forbid_new_processes() -> str | None:
 
 @functools.cache
 def _libseccomp_path() -> str:
-    """Found once (find_library runs ldconfig, a process): forked sessions reuse it."""
+    """The soname the loader finds, else find_library's answer (it runs ldconfig, a
+    process: once, before any filter; forked sessions reuse the answer)."""
+    import ctypes
     import ctypes.util
 
-    return ctypes.util.find_library("seccomp") or "libseccomp.so.2"
+    try:
+        ctypes.CDLL("libseccomp.so.2")
+        return "libseccomp.so.2"
+    except OSError:
+        return ctypes.util.find_library("seccomp") or "libseccomp.so.2"
 
 
 def _main(argv: list[str]) -> None:
@@ -436,6 +481,10 @@ def _main(argv: list[str]) -> None:
     if role == "--zygote":
         _serve_zygote(fd)
     elif role == "--session":
+        # Best effort outside the process backend (docker bounds processes with its pids
+        # limit; `local` is no sandbox): a process the code forks could outlive the session.
+        forbid_new_processes()
+        make_untraceable()  # a leftover of another session cannot read this one
         _serve_session(fd)
     else:
         raise SystemExit(f"usage: executor.py --zygote FD | --session FD (got {role})")

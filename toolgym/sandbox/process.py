@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from toolgym.sandbox.cgroups import WorkerGroup, remove_stale
 from toolgym.sandbox.imports import TOOLGYM_SOURCE, module_root
 from toolgym.sandbox.remote import Channel, Isolation, SandboxError
 
@@ -67,6 +68,11 @@ class ProcessLimits:
     """0: no new processes at all (seccomp). N > 0: RLIMIT_NPROC = N (ignored for root)."""
     tmp_bytes: int = 64 << 20
     """Size of the worker's private /tmp (with bubblewrap)."""
+    max_tasks: int = 256
+    """Threads and processes of the worker and everything it starts (a pids cgroup, where
+    this process may create one; see `toolgym.sandbox.cgroups`)."""
+    cpus: float = 1.0
+    """CPU share in cores (a cpu cgroup, where available); 0: no cap."""
 
 
 @dataclass
@@ -92,6 +98,11 @@ class ProcessBackend:
         if getattr(target, "runs_model_code", False):
             env["TOOLGYM_CODE_SESSIONS"] = "1"  # a zygote for sessions, started before seccomp
         stderr = tempfile.TemporaryFile()  # noqa: SIM115 (the channel closes it); explains a death at start
+        _remove_stale_groups()
+        group = WorkerGroup(self.limits.max_tasks, self.limits.cpus)
+        isolation.limits.update(group.enforced)
+        if "tasks" not in group.enforced:
+            isolation.notes.append("no pids cgroup: threads are not limited")
         # Spawned from one long-lived thread: the parent-death signal (and bubblewrap's
         # --die-with-parent) fires when the spawning *thread* exits, and rollouts start
         # workers from short-lived pool threads.
@@ -103,10 +114,10 @@ class ProcessBackend:
             stderr=stderr,
             env=env,
             cwd="/tmp",
-            preexec_fn=self._limit_child,
+            preexec_fn=lambda: (self._limit_child(), group.join()),
             start_new_session=True,
         ).result()
-        channel = ProcessChannel(process, isolation, stderr)
+        channel = ProcessChannel(process, isolation, stderr, group)
         hello = channel.hello(self.start_timeout)
         _record_process_limit(isolation, hello, self.limits)
         return channel
@@ -264,10 +275,17 @@ def _worker_environment(roots: list[str], limits: ProcessLimits) -> dict[str, st
         "PYTHONPATH": os.pathsep.join(roots),
         "PYTHONUNBUFFERED": "1",
         "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONSAFEPATH": "1",  # not the working folder (/tmp, writable) on the import path
     }
     if limits.max_processes == 0:
         env["TOOLGYM_NO_NEW_PROCESSES"] = "1"
     return env
+
+
+@functools.cache
+def _remove_stale_groups() -> None:
+    """Once per process: empty cgroups of workers whose host process died."""
+    remove_stale()
 
 
 @functools.cache
@@ -293,9 +311,16 @@ def _record_process_limit(isolation: Isolation, hello: dict, limits: ProcessLimi
 class ProcessChannel(Channel):
     """The worker's stdin/stdout pipes (and its stderr, kept in a file)."""
 
-    def __init__(self, process: subprocess.Popen, isolation: Isolation, stderr: Any = None) -> None:
+    def __init__(
+        self,
+        process: subprocess.Popen,
+        isolation: Isolation,
+        stderr: Any = None,
+        group: WorkerGroup | None = None,
+    ) -> None:
         super().__init__()
         self.process, self.isolation, self._stderr = process, isolation, stderr
+        self._group = group
         assert process.stdin is not None and process.stdout is not None
         self._out = process.stdout.fileno()
         os.set_blocking(self._out, False)
@@ -337,6 +362,8 @@ class ProcessChannel(Channel):
             except (ProcessLookupError, PermissionError):
                 self.process.kill()
         self.process.wait()
+        if self._group is not None:
+            self._group.remove()
         for stream in (self.process.stdin, self.process.stdout):
             try:
                 if stream is not None:

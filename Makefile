@@ -3,7 +3,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup sandboxes run test lint format
+.PHONY: setup sandboxes run test lint format docs
 setup:
 	VENV=$(VENV) ./scripts/setup.sh
 
@@ -24,3 +24,7 @@ test: lint sandboxes
 format: setup
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
+
+# the API reference, from the docstrings (tests/test_docs.py checks it builds with no broken link)
+docs: setup
+	$(PY) scripts/api_docs.py docs/api

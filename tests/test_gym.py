@@ -10,7 +10,7 @@ from gymnasium.utils.env_checker import check_env
 
 import toolgym
 from toolgym import MalformedToolCall, ToolCall
-from toolgym.envs.gym import GymnasiumEnv, parse_action
+from toolgym.gym import GymnasiumEnv, parse_action
 
 BUILTINS = ["Wordle-v0", "Arithmetic-v0", "GuessNumber-v0"]
 

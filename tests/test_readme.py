@@ -15,7 +15,7 @@ BLOCKS = re.findall(r"```python\n(.*?)```", README, flags=re.DOTALL)
 def restore_registry():
     import gymnasium
 
-    from toolgym.envs import registry
+    from toolgym import registry
 
     before, gym_before = dict(registry._registry), set(gymnasium.registry)
     yield

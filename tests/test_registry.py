@@ -11,7 +11,7 @@ import gymnasium
 import pytest
 
 import toolgym
-from toolgym.envs import registry
+from toolgym import registry
 
 
 class Echo(toolgym.Environment):

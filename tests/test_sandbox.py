@@ -245,7 +245,7 @@ def test_a_pool_whose_workers_all_died_starts_new_ones():
         for env in dead:
             env.close()
         for env in dead:  # both idle again; now every worker dies
-            env._channel.kill()
+            env.executor.channel.kill()
         fresh = pool.lease(timeout=60)
         assert fresh not in dead and fresh.reset(seed=0) == "ready"
         assert pool.stats["replaced"] >= 2

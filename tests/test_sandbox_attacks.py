@@ -478,7 +478,7 @@ def test_a_local_session_holds_its_code_too():
     host (the request is written under the run's deadline)."""
     import time
 
-    from toolgym.sandbox.executor import PythonSession
+    from toolgym.envs.python_session import PythonSession
 
     with PythonSession(timeout=2) as session:
         forked = session.run("import os\nos.fork()")

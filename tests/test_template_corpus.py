@@ -22,7 +22,7 @@ from toolgym.agents.parsers.detect import (
     render_reply,
     reply_candidates,
 )
-from toolgym.envs.core import ToolCall
+from toolgym.envs.calls import ToolCall
 
 NO_CALLS = "does not write tool calls"
 NO_RENDER = "cannot render"

@@ -7,7 +7,7 @@ from typing import Literal
 import pytest
 
 import toolgym
-from toolgym.envs.tools import make_tool
+from toolgym.envs.tools import make_tool, tool_table
 
 
 class Tricky(toolgym.Environment):
@@ -89,17 +89,19 @@ def test_private_methods_and_base_api_are_not_tools():
 
 
 def test_signature_is_readable():
-    tool = Tricky._tools["search"]
+    tool = tool_table(Tricky)["search"]
     assert tool.signature.startswith('search(query: string, mode: "fast" | "exact" = "fast"')
     assert "limit: integer = 10" in tool.signature
 
 
-def test_missing_docstring_fails_at_class_definition_naming_the_method():
+def test_missing_docstring_fails_at_first_use_naming_the_method():
     with pytest.raises(toolgym.ToolSchemaError, match=r"NoDoc\.act .*no docstring.*_act"):
 
         class NoDoc(toolgym.Environment):
             def act(self, x: int) -> str:
                 return str(x)
+
+        toolgym.as_environment(NoDoc())
 
 
 def test_missing_argument_description_names_the_argument():
@@ -114,6 +116,8 @@ def test_missing_argument_description_names_the_argument():
                 """
                 return ""
 
+        toolgym.as_environment(Half())
+
 
 def test_missing_type_hint_is_an_error():
     with pytest.raises(toolgym.ToolSchemaError, match=r"type hint"):
@@ -127,6 +131,8 @@ def test_missing_type_hint_is_an_error():
                 """
                 return ""
 
+        toolgym.as_environment(Untyped())
+
 
 def test_var_args_are_rejected():
     with pytest.raises(toolgym.ToolSchemaError, match=r"\*\*kwargs"):
@@ -139,6 +145,8 @@ def test_var_args_are_rejected():
                     kwargs: Anything.
                 """
                 return ""
+
+        toolgym.as_environment(Loose())
 
 
 def test_plain_class_errors_at_first_use():

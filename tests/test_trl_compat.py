@@ -67,7 +67,7 @@ def test_trl_style_class_runs_unchanged():
 
 @pytest.fixture
 def registered():
-    from toolgym.envs import registry
+    from toolgym import registry
 
     toolgym.register("TRLCounter-v0", TRLStyleCounter)
     yield
@@ -78,7 +78,7 @@ def registered():
 @pytest.mark.usefixtures("registered")
 def test_trl_style_class_through_the_registry_and_gymnasium():
     env = toolgym.make("TRLCounter-v0")
-    assert isinstance(env, toolgym.Environment)
+    assert isinstance(env, toolgym.Stepper)  # a plain class is stepped by a Stepper
     env.reset(target=1)
     assert env.step(ToolCall("increment", {"step": 1})).reward == 1.0
     gym_env = gymnasium.make("toolgym/TRLCounter-v0")

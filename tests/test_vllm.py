@@ -217,7 +217,7 @@ def test_vllm_tool_parsers_behind_get_parser():
     """`vllm:<name>` wraps vLLM's own parser: the same calls as toolgym's built-in one, and a
     call it cannot read is reported as malformed instead of passing as plain text."""
     from toolgym.agents.parsers import PARSERS, get_parser
-    from toolgym.envs.core import MalformedToolCall, ToolCall
+    from toolgym.envs.calls import MalformedToolCall, ToolCall
 
     tokenizer = tiny_tokenizer()
     tokenizer.add_tokens(["<tool_call>", "</tool_call>"])

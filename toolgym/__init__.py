@@ -5,19 +5,60 @@ import toolgym
 env = toolgym.make("Wordle-v0")
 env.reset(answer="crane", seed=0)
 result = env.step(toolgym.ToolCall("guess", {"word": "slate"}))
+
+Importing toolgym registers the built-in environments (and, where gymnasium is installed,
+their `toolgym/...` gymnasium ids); the rest loads on first use, so a sandbox worker that
+imports an environment module needs the standard library only.
 """
 
-import os
-from typing import Any
+from __future__ import annotations
 
-from toolgym import envs as _envs
+import importlib
+from typing import TYPE_CHECKING, Any
 
-if os.environ.get("TOOLGYM_WORKER") != "1":
-    # Registers the built-in environments (also under gymnasium's "toolgym/" namespace). A
-    # sandbox worker skips it: it needs only the environment's own module (standard library).
-    from toolgym.envs import registry as _registry  # noqa: F401
+from toolgym import registry as _registry  # noqa: F401 (registers the built-ins)
+
+if TYPE_CHECKING:
+    from toolgym.envs.calls import (
+        MalformedToolCall,
+        StepResult,
+        ToolCall,
+        ToolError,
+        ToolResult,
+    )
+    from toolgym.envs.core import Environment
+    from toolgym.envs.stepping import Stepper, as_environment
+    from toolgym.envs.tools import ToolSchemaError
+    from toolgym.gym import GymnasiumEnv
+    from toolgym.registry import (
+        EnvSpec,
+        UnknownEnvironmentError,
+        list_envs,
+        make,
+        register,
+        spec,
+    )
 
 __version__ = "0.1.0"
+
+_HOMES = {
+    "Environment": "toolgym.envs.core",
+    "MalformedToolCall": "toolgym.envs.calls",
+    "StepResult": "toolgym.envs.calls",
+    "ToolCall": "toolgym.envs.calls",
+    "ToolError": "toolgym.envs.calls",
+    "ToolResult": "toolgym.envs.calls",
+    "Stepper": "toolgym.envs.stepping",
+    "as_environment": "toolgym.envs.stepping",
+    "ToolSchemaError": "toolgym.envs.tools",
+    "GymnasiumEnv": "toolgym.gym",
+    "EnvSpec": "toolgym.registry",
+    "UnknownEnvironmentError": "toolgym.registry",
+    "list_envs": "toolgym.registry",
+    "make": "toolgym.registry",
+    "register": "toolgym.registry",
+    "spec": "toolgym.registry",
+}
 
 __all__ = [
     "EnvSpec",
@@ -25,6 +66,7 @@ __all__ = [
     "GymnasiumEnv",
     "MalformedToolCall",
     "StepResult",
+    "Stepper",
     "ToolCall",
     "ToolError",
     "ToolResult",
@@ -40,7 +82,6 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy (see toolgym/envs/__init__.py): `import toolgym` stays light until a name is used.
-    if name in __all__ and name != "__version__":
-        return getattr(_envs, name)
-    raise AttributeError(f"module 'toolgym' has no attribute {name!r}")
+    if name not in _HOMES:
+        raise AttributeError(f"module 'toolgym' has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name]), name)

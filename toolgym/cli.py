@@ -18,6 +18,7 @@ from toolgym.agents.trajectory import summarize
 
 
 def list_environments(args: argparse.Namespace) -> int:
+    """`toolgym envs`: the registered ids (and their tools)."""
     for env_id in toolgym.list_envs(namespace=args.namespace):
         spec = toolgym.spec(env_id)
         print(f"{env_id:24} {spec.description or ''}".rstrip())
@@ -34,8 +35,9 @@ def list_environments(args: argparse.Namespace) -> int:
 
 
 def build_agent(args: argparse.Namespace) -> Any:
+    """The agent the CLI's arguments describe (transformers on the CPU)."""
     from toolgym.agents import Agent, HFEngine, SamplingParams
-    from toolgym.models import load_model, load_tokenizer
+    from toolgym.agents.models import load_model, load_tokenizer
 
     tokenizer = load_tokenizer(args.model)
     model = load_model(args.model).eval()
@@ -52,12 +54,14 @@ def build_agent(args: argparse.Namespace) -> Any:
 
 
 def episode_rows(args: argparse.Namespace, n: int) -> list[dict[str, Any]]:
+    """`n` rows of the environment's prompt dataset."""
     spec = toolgym.spec(args.env)
     kwargs = {"split": args.split} if args.split else {}
     return list(spec.dataset(n, seed=args.seed, **kwargs))
 
 
 def play(args: argparse.Namespace) -> int:
+    """`toolgym play`: one episode, printed message by message."""
     agent = build_agent(args)
     env = toolgym.make(args.env, sandbox=args.sandbox)
     try:
@@ -75,6 +79,7 @@ def play(args: argparse.Namespace) -> int:
 
 
 def evaluate(args: argparse.Namespace) -> int:
+    """`toolgym eval`: N episodes and their summary."""
     from tqdm.auto import tqdm
 
     agent = build_agent(args)
@@ -97,6 +102,7 @@ def evaluate(args: argparse.Namespace) -> int:
 
 
 def format_summary(env_id: str, s: dict[str, Any]) -> str:
+    """The summary as one line of text."""
     statuses = ", ".join(f"{k} {v}" for k, v in sorted(s["statuses"].items()))
     return (
         f"{env_id}: {s['episodes']} episodes, success rate {s['success_rate']:.1%}, mean reward "
@@ -106,6 +112,7 @@ def format_summary(env_id: str, s: dict[str, Any]) -> str:
 
 
 def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments `play` and `eval` share (the limits come from `AgentLimits`)."""
     parser.add_argument("env", help="a registered environment id, e.g. Wordle-v0")
     parser.add_argument("--model", default="smollm2-135m", help="hub id, folder, or smollm2-135m")
     parser.add_argument(
@@ -130,6 +137,7 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `toolgym` argument parser."""
     parser = argparse.ArgumentParser(
         prog="toolgym", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -153,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the `toolgym` command; its exit code."""
     args = build_parser().parse_args(argv)
     return args.handler(args)
 

@@ -104,6 +104,7 @@ class ChatRenderer:
         tools: list[dict] | None = None,
         add_generation_prompt: bool = False,
     ) -> str:
+        """The conversation as the chat template writes it (text)."""
         return self.tokenizer.apply_chat_template(
             self.for_template(messages),
             tools=tools or None,
@@ -134,6 +135,7 @@ class ChatRenderer:
         return converted
 
     def encode(self, text: str) -> list[int]:
+        """Token ids of `text`, without special tokens added."""
         return list(self._encode(text))
 
     def prompt_ids(self, messages: list[Message], tools: list[dict] | None = None) -> list[int]:

@@ -22,8 +22,8 @@ from toolgym.agents.engines.base import Completion, Engine, GenerationRequest, S
 from toolgym.agents.limits import AgentLimits
 from toolgym.agents.parsers import ParsedMessage, Parser, get_parser, type_arguments
 from toolgym.agents.trajectory import Status, Trajectory
-from toolgym.envs.adapter import as_environment
-from toolgym.envs.core import Environment, MalformedToolCall, ToolCall, run_coroutine
+from toolgym.envs.calls import MalformedToolCall, ToolCall, run_coroutine
+from toolgym.envs.stepping import as_environment
 from toolgym.envs.tools import valid_text
 
 Row = dict[str, Any]
@@ -49,13 +49,16 @@ class RequestBatcher:
         self._worker: asyncio.Task[None] | None = None
 
     def episode_started(self) -> None:
+        """Count a live episode (a batch waits for every live one)."""
         self.live += 1
 
     def episode_ended(self) -> None:
+        """Stop counting an episode; a batch that waited only for it leaves now."""
         self.live -= 1
         self._changed.set()
 
     async def generate(self, request: GenerationRequest) -> Completion:
+        """The completion of `request`, generated in a batch with other pending requests."""
         future: asyncio.Future[Completion] = asyncio.get_running_loop().create_future()
         self._pending.append((request, future))
         self._changed.set()
@@ -196,7 +199,7 @@ class Episode:
     """One environment played to its end; `play()` returns its Trajectory."""
 
     def __init__(
-        self, agent: Agent, env: Environment, row: Row, seed: int | None, batcher: RequestBatcher
+        self, agent: Agent, env: Any, row: Row, seed: int | None, batcher: RequestBatcher
     ) -> None:
         self.agent, self.env, self.batcher = agent, env, batcher
         self.prompt = row.pop("prompt", None)
@@ -215,6 +218,7 @@ class Episode:
         )
 
     async def play(self) -> Trajectory:
+        """Play the episode to its end; its trajectory (never raises)."""
         try:
             first = await asyncio.to_thread(self.env.reset, seed=self.seed, **self.row)
             messages = _prompt_messages(self.prompt, first)

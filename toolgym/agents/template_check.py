@@ -68,9 +68,11 @@ class PrefixReport:
 
     @property
     def prefix_preserving(self) -> bool:
+        """Whether every checked shape of turn keeps the earlier text as a prefix."""
         return all(verdict.ok for verdict in self.verdicts)
 
     def describe(self) -> str:
+        """One line per shape: its verdict, and where the text changes."""
         lines = [
             f"- {v.shape}: "
             + ("prefix-preserving" if v.ok else f"NOT prefix-preserving: {v.problem}")

@@ -110,10 +110,12 @@ class Trajectory:
         return self.status in INFRASTRUCTURE_FAILURES
 
     def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (see `from_dict`)."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Trajectory:
+        """The trajectory `to_dict` wrote."""
         return cls(**data)
 
 
@@ -129,6 +131,7 @@ def save_jsonl(trajectories: Iterable[Trajectory], path: str | Path, append: boo
 
 
 def load_jsonl(path: str | Path) -> list[Trajectory]:
+    """The trajectories `save_jsonl` wrote, in order."""
     with Path(path).open(encoding="utf-8") as file:
         return [Trajectory.from_dict(json.loads(line)) for line in file if line.strip()]
 

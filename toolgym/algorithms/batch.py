@@ -20,6 +20,8 @@ from toolgym.agents.trajectory import Sample, Trajectory
 
 @dataclass
 class TokenBatch:
+    """Padded samples of one micro-batch, ready for the loss."""
+
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     loss_mask: torch.Tensor
@@ -32,6 +34,7 @@ class TokenBatch:
     """Per sample: the sampled tokens of its whole episode (all its samples)."""
 
     def to(self, device: torch.device | str) -> TokenBatch:
+        """The batch on `device`."""
         return TokenBatch(*(t.to(device) for t in vars(self).values()))
 
     def __len__(self) -> int:

@@ -165,9 +165,11 @@ class GRPOConfig:
 
     @property
     def clip_high(self) -> float:
+        """The upper clip range in use (`epsilon_high`, else `epsilon`)."""
         return self.epsilon if self.epsilon_high is None else self.epsilon_high
 
     def to_dict(self) -> dict[str, Any]:
+        """The settings as a JSON-ready dict."""
         return asdict(self)
 
 

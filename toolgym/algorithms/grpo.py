@@ -43,7 +43,7 @@ from toolgym.algorithms.rewards import RewardFunc, compute_rewards
 from toolgym.algorithms.sft import demonstrations, warmup_sft
 from toolgym.algorithms.tracking import MetricsLog, plot_rewards
 from toolgym.algorithms.weights import policy_state_dict, save_policy
-from toolgym.envs.core import close_all
+from toolgym.envs.calls import close_all
 
 Row = dict[str, Any]
 
@@ -52,7 +52,7 @@ class GRPOTrainer:
     """Trains `model` to play `env` with GRPO.
 
     Args:
-        model: A transformers causal LM or a name for `toolgym.models.load_model`
+        model: A transformers causal LM or a name for `toolgym.agents.models.load_model`
             (e.g. "smollm2-135m").
         env: A registered id, an environment class, or a factory returning an instance.
         train_dataset: Rows (`prompt` plus `reset` arguments): a `datasets.Dataset` or a list.
@@ -82,7 +82,7 @@ class GRPOTrainer:
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
         set_seed(args.seed + self.accelerator.process_index)
         if isinstance(model, str):
-            from toolgym.models import load_model, load_tokenizer
+            from toolgym.agents.models import load_model, load_tokenizer
 
             tokenizer = tokenizer or load_tokenizer(model)
             model = load_model(model)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from toolgym.agents.trajectory import Trajectory
-from toolgym.envs.core import run_coroutine
+from toolgym.envs.calls import run_coroutine
 
 RewardFunc = Callable[..., Any]
 

@@ -23,8 +23,8 @@ from toolgym.agents.trajectory import Trajectory
 from toolgym.algorithms.batch import collate
 from toolgym.algorithms.config import SFTConfig
 from toolgym.algorithms.losses import masked_nll, token_logprobs
-from toolgym.envs.adapter import as_environment
-from toolgym.envs.core import close_all
+from toolgym.envs.calls import close_all
+from toolgym.envs.stepping import as_environment
 
 
 def demonstrations(

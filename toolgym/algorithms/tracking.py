@@ -22,6 +22,7 @@ class MetricsLog:
         self._trimmed = False
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
+        """Append one step's metrics (and print a line)."""
         if not self._trimmed:
             kept = [entry for entry in self.history() if entry["step"] < step]
             self.path.write_text("".join(json.dumps(entry) + "\n" for entry in kept))
@@ -33,6 +34,7 @@ class MetricsLog:
             tracker(step, numbers)
 
     def history(self) -> list[dict[str, Any]]:
+        """Every logged step's metrics, in order."""
         if not self.path.exists():
             return []
         return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]

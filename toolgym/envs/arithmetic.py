@@ -6,7 +6,8 @@ import random
 import re
 from typing import Any, Literal
 
-from toolgym.envs.core import Environment, ToolError
+from toolgym.envs.calls import ToolError
+from toolgym.envs.core import Environment
 
 Operation = Literal["add", "subtract", "multiply", "divide"]
 OPERATIONS: tuple[Operation, ...] = ("add", "subtract", "multiply", "divide")
@@ -120,6 +121,7 @@ class Arithmetic(Environment):
 def random_problem(
     rng: random.Random, digits: int, operations: tuple[Operation, ...] = OPERATIONS
 ) -> tuple[int, int, Operation]:
+    """Two `digits`-digit operands and an operation (division exact)."""
     low, high = 10 ** (digits - 1), 10**digits - 1
     operation = rng.choice(operations)
     a, b = rng.randint(low, high), rng.randint(low, high)

@@ -6,7 +6,8 @@ import math
 import random
 from typing import Any
 
-from toolgym.envs.core import Environment, ToolError
+from toolgym.envs.calls import ToolError
+from toolgym.envs.core import Environment
 
 PROMPT = (
     "I am thinking of a whole number between {low} and {high}. Find it with the `guess` tool; "
@@ -37,6 +38,7 @@ class GuessNumber(Environment):
 
     @property
     def optimal_guesses(self) -> int:
+        """Guesses a binary search needs for this target."""
         return max(1, math.ceil(math.log2(self.high - self.low + 1)))
 
     def reset(self, target: int | None = None) -> str | None:

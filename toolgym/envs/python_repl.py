@@ -1,6 +1,6 @@
 """`PythonREPL-v0`: a stateful Python session the model drives with one tool, `run(code)`.
 
-Model-written code runs here: in a session process of its own (`toolgym.sandbox.executor`),
+Model-written code runs here: in a session process of its own (`toolgym.envs.python_session`),
 and the registered environment defaults to the strongest sandbox available
 (`toolgym.sandbox.strongest_backend()`: docker, else process). Standard library only, so it
 runs inside the minimal worker image.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from toolgym.envs.core import Environment
-from toolgym.sandbox.executor import OUTPUT_LIMIT, PythonSession
+from toolgym.envs.python_session import OUTPUT_LIMIT, PythonSession
 
 
 class PythonREPL(Environment):

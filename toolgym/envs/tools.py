@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, get_type_hints
@@ -106,12 +107,43 @@ def public_methods(cls: type, exclude: set[str]) -> dict[str, Callable[..., Any]
     return methods
 
 
-def collect_tools(cls: type, exclude: set[str]) -> dict[str, Tool]:
-    """Every tool of `cls`, by name; raises ToolSchemaError naming a method that cannot be one."""
-    return {
-        name: make_tool(function, owner=cls.__name__)
-        for name, function in public_methods(cls, exclude).items()
+PROTOCOL = frozenset(
+    {
+        "reset",
+        "close",
+        "get_reward",
+        "final_answer",
+        "demonstration",
+        "step",
+        "astep",
+        "tools",
+        "rng",
+        "turn",
+        "truncated",
+        "reward",
+        "done",
+        "max_turns",
+        "stepper",
     }
+)
+"""Names of the environment protocol: never tools, on `Environment` subclasses and plain
+classes alike."""
+
+_tables: weakref.WeakKeyDictionary[type, dict[str, Tool]] = weakref.WeakKeyDictionary()
+
+
+def tool_table(cls: type) -> dict[str, Tool]:
+    """The tools of an environment class by name, built once per class (on the host: a
+    sandbox worker only runs calls the host checked). Every public method that is not part
+    of the protocol (`PROTOCOL`) is a tool; ToolSchemaError names a method that cannot be."""
+    table = _tables.get(cls)
+    if table is None:
+        table = {
+            name: make_tool(function, owner=cls.__name__)
+            for name, function in public_methods(cls, PROTOCOL).items()
+        }
+        _tables[cls] = table
+    return table
 
 
 def render_result(value: Any) -> str:

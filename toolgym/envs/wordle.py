@@ -17,7 +17,8 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from toolgym.envs.core import Environment, ToolCall, ToolError
+from toolgym.envs.calls import ToolCall, ToolError
+from toolgym.envs.core import Environment
 
 GREEN, YELLOW, GRAY = "G", "Y", "-"
 COLOUR_NAMES = {GREEN: "green", YELLOW: "yellow", GRAY: "gray"}
@@ -171,6 +172,7 @@ class WordleExpert:
         return remaining
 
     def next_guess(self, history: Sequence[tuple[str, str]]) -> str:
+        """The expert's next word given the (guess, feedback) pairs so far."""
         if not history:
             return self.opening
         remaining = self.candidates(history)

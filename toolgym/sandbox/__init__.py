@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from toolgym.envs.stepping import as_environment
+
 if TYPE_CHECKING:
     from toolgym.sandbox.remote import Backend
 
@@ -54,8 +56,6 @@ def sandboxed(
     `options` go to `RemoteEnvironment` (call_timeout, start_timeout)."""
     chosen = backend(where)
     if chosen is None:
-        from toolgym.envs.adapter import as_environment
-
         return as_environment(target(**(kwargs or {})))
     from toolgym.sandbox.remote import RemoteEnvironment
 

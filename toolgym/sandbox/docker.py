@@ -42,7 +42,7 @@ SOURCE_MOUNT = "/opt/toolgym"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 _DOCKERFILE = f"""FROM {BASE_IMAGE}
 RUN mkdir -p {SOURCE_MOUNT} /opt/code
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 TOOLGYM_WORKER=1
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 USER 65534:65534
 WORKDIR /tmp
 """
@@ -162,6 +162,7 @@ class DockerBackend:
     name: str = "docker"
 
     def start(self, target: type | None = None) -> DockerChannel:
+        """A new container running the worker for `target`, after its hello."""
         docker_client = client()
         reap_orphans(docker_client)
         mounts, paths = self._mounts(target)
@@ -184,7 +185,6 @@ class DockerBackend:
             volumes=mounts,
             environment={
                 "PYTHONPATH": ":".join(paths),
-                "TOOLGYM_WORKER": "1",
                 "PYTHONSAFEPATH": "1",  # not /tmp (writable) on the worker's import path
                 # the worker limits its own address space to this, so that an allocation past
                 # the container's memory is a MemoryError the model reads, not an OOM kill

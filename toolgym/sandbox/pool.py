@@ -137,10 +137,12 @@ class SandboxPool:
 
     @property
     def idle(self) -> int:
+        """Instances ready to lease."""
         return len(self._idle)
 
     @property
     def leased(self) -> int:
+        """Instances out on lease."""
         return len(self._leases)
 
     def close(self) -> None:

@@ -9,7 +9,7 @@ not set up):
   RLIMIT_NPROC does not bind root; with `max_processes > 0` the filter is off and
   RLIMIT_NPROC applies instead (only when not running as root). An environment that declares
   `runs_model_code` gets a session zygote started before the filter, so that it can run the
-  model's code in processes of its own (`toolgym.sandbox.executor`), each under the filter;
+  model's code in processes of its own (`toolgym.envs.python_session`), each under the filter;
 - an allow-listed environment: PATH, HOME=/tmp, LANG, PYTHONPATH and toolgym's own variables,
   never the host's (no API keys or tokens);
 - with bubblewrap (`apt-get install bubblewrap`): a user namespace in which the worker is uid
@@ -93,6 +93,7 @@ class ProcessBackend:
     name: str = "process"
 
     def start(self, target: type | None = None) -> ProcessChannel:
+        """A new worker for `target` (its module made visible), after its hello."""
         command, isolation = self._command(target)
         env = _worker_environment(self._import_roots(target), self.limits)
         if getattr(target, "runs_model_code", False):
@@ -271,7 +272,6 @@ def _worker_environment(roots: list[str], limits: ProcessLimits) -> dict[str, st
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": "/tmp",
         "LANG": os.environ.get("LANG", "C.UTF-8"),
-        "TOOLGYM_WORKER": "1",
         "PYTHONPATH": os.pathsep.join(roots),
         "PYTHONUNBUFFERED": "1",
         "PYTHONDONTWRITEBYTECODE": "1",

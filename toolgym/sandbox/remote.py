@@ -19,16 +19,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from toolgym.envs.adapter import plain_class_tools
-from toolgym.envs.core import (
-    Environment,
-    MalformedToolCall,
-    PreparedCall,
-    ToolCall,
-    ToolResult,
-    accepted_kwargs,
-)
-from toolgym.envs.tools import Tool
+from toolgym.envs.calls import ToolCall, ToolResult
+from toolgym.envs.stepping import Executor, Stepper
+from toolgym.envs.tools import tool_table
 from toolgym.sandbox.worker import PROTOCOL_VERSION
 
 MAX_REPLY_BYTES = 16 * 2**20
@@ -94,7 +87,8 @@ class Channel(ABC):
 
     @property
     @abstractmethod
-    def alive(self) -> bool: ...
+    def alive(self) -> bool:
+        """Whether the worker process or container is running."""
 
     def hello(self, timeout: float) -> dict[str, Any]:
         """Wait for the worker's hello line."""
@@ -188,6 +182,7 @@ class Channel(ABC):
             raise SandboxError(f"worker broke the protocol during {op}: {line[:200]!r}") from error
 
     def exit_description(self) -> str:
+        """How the worker ended (exit code, signal, out of memory), for error messages."""
         return "stream closed"
 
 
@@ -201,18 +196,127 @@ class Backend(Protocol):
 
     name: str
 
-    def start(self, target: type | None = None) -> Channel: ...
+    def start(self, target: type | None = None) -> Channel:
+        """A new worker for `target`, after its hello."""
+        ...
 
 
-def tool_table(target: type) -> dict[str, Tool]:
-    """The tools of an environment class, as the host sees them."""
-    if isinstance(target, type) and issubclass(target, Environment):
-        return target._tools
-    return plain_class_tools(target)
+class RemoteExecutor(Executor):
+    """The executor of an instance that lives in a worker: every request has a timeout, and
+    the reward and `done` come back with each reply. A timeout or a dead worker raises
+    `SandboxTimeout` / `SandboxError` (the agent ends the episode with `tool_timeout` /
+    `env_error`); the next `reset` starts a fresh worker."""
+
+    def __init__(
+        self,
+        target: type,
+        kwargs: dict[str, Any],
+        backend: Backend,
+        call_timeout: float,
+        start_timeout: float,
+        channel: Channel | None = None,
+    ) -> None:
+        self.target, self.kwargs, self.backend = target, kwargs, backend
+        self.call_timeout, self.start_timeout = call_timeout, start_timeout
+        self.max_turns = getattr(target, "max_turns", None)
+        self.revoked: str | None = None
+        """Why this instance may not be used any more (set by its pool), or None."""
+        self.channel: Channel | None = None
+        self.restarts = -1
+        self._reward, self._done, self._reward_error = 0.0, False, None
+        self._connect(channel)
+
+    def reset(self, row: dict[str, Any]) -> str | None:
+        self.channel_or_start()
+        try:
+            return self.request("reset", row=row)
+        except RemoteError as error:
+            if error.type != "SpoiledWorker":
+                raise
+        self._connect(None)  # e.g. the model's code killed its session zygote last episode
+        return self.request("reset", row=row)
+
+    def run(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
+        value = self.request("call", name=call.name, arguments=arguments)
+        return ToolResult(call, value["content"], value["failure"])
+
+    async def arun(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
+        try:
+            return await asyncio.to_thread(self.run, call, arguments)
+        except asyncio.CancelledError:  # the agent's own timeout fired first
+            if self.channel is not None:
+                self.channel.kill()
+            raise
+
+    def reward(self) -> float:
+        if self._reward_error:
+            raise SandboxError(f"get_reward failed in the worker: {self._reward_error}")
+        return self._reward
+
+    def done(self) -> bool:
+        return self._done
+
+    def final_answer(self, text: str) -> None:
+        self.request("invoke", name="final_answer", args=[text])
+
+    def demonstration(self) -> list[list[ToolCall]] | None:
+        turns = self.request("invoke", name="demonstration")
+        if turns is None:
+            return None
+        return [[ToolCall(c["name"], c["arguments"]) for c in turn] for turn in turns]
+
+    def close(self) -> None:
+        """Stop the worker (the environment's own `close` runs there first)."""
+        if self.channel is not None:
+            if self.channel.alive:
+                with contextlib.suppress(SandboxError):
+                    self.request("invoke", name="close")
+            self.channel.close()
+            self.channel = None
+
+    def channel_or_start(self) -> Channel:
+        """The worker's channel, starting a fresh worker if there is none or it died."""
+        if self.revoked:
+            raise SandboxError(self.revoked)
+        if self.channel is None or not self.channel.alive:
+            self._connect(None)
+        assert self.channel is not None
+        return self.channel
+
+    def request(self, op: str, timeout: float | None = None, **fields: Any) -> Any:
+        """One request to the worker; its reply's value (RemoteError if the op raised)."""
+        if self.revoked:
+            raise SandboxError(self.revoked)
+        channel = self.channel
+        if channel is None or not channel.alive:  # only reset() starts a new worker
+            raise SandboxError(f"{op}: the worker is gone (reset() starts a new one)")
+        reply = channel.request(op, timeout or self.call_timeout, **fields)
+        state = reply.get("state")
+        if state:
+            self._done = bool(state.get("done"))
+            self._reward = float(state.get("reward", self._reward))
+            self._reward_error = state.get("reward_error")
+        if not reply.get("ok"):
+            raise RemoteError(op, reply.get("error") or {})
+        return reply.get("value")
+
+    def _connect(self, channel: Channel | None) -> None:
+        if self.channel is not None:
+            self.channel.kill()
+        self.channel = channel or self.backend.start(self.target)
+        self.restarts += 1
+        self._reward, self._done, self._reward_error = 0.0, False, None
+        module, name = self.target.__module__, self.target.__qualname__
+        created = self.request(
+            "create", self.start_timeout, module=module, name=name, kwargs=self.kwargs
+        )
+        self.max_turns = created.get("max_turns", self.max_turns)
 
 
-class RemoteEnvironment(Environment):
-    """An environment instance that lives in a worker (a subprocess or a container).
+class RemoteEnvironment(Stepper):
+    """An environment instance that lives in a worker (a subprocess or a container), stepped
+    like a local one: the host checks every call against the class's tool table, the worker
+    runs calls that passed.
 
     Args:
         target: The environment class (importable by module and name in the worker).
@@ -223,6 +327,8 @@ class RemoteEnvironment(Environment):
         channel: A started channel to use first.
         pool: The `SandboxPool` this instance belongs to; `close()` gives it back there.
     """
+
+    executor: RemoteExecutor
 
     def __init__(
         self,
@@ -235,44 +341,12 @@ class RemoteEnvironment(Environment):
         channel: Channel | None = None,
         pool: Any = None,
     ) -> None:
-        self.target, self.kwargs, self.backend = target, dict(kwargs or {}), backend
-        self.pool = pool
-        self.revoked: str | None = None
-        """Why this instance may not be used any more (set by its pool), or None."""
-        self.call_timeout, self.start_timeout = call_timeout, start_timeout
-        self._table = tool_table(target)
-        self.max_turns = getattr(target, "max_turns", None)
-        self._plain = not issubclass(target, Environment)
-        self._filter_reset = accepted_kwargs(target.reset)
-        self._channel: Channel | None = None
-        self.restarts = -1
-        self._connect(channel)
-
-    # -- the environment surface -------------------------------------------------------------
-    def reset(self, **row: Any) -> str | None:  # the base wrapper has seeded the episode
-        self._channel_or_start()
-        arguments = self._filter_reset(row) if self._plain else row
-        try:
-            return self._request("reset", kwargs=arguments)
-        except RemoteError as error:
-            if error.type != "SpoiledWorker":
-                raise
-        self._connect(None)  # e.g. the model's code killed its session zygote last episode
-        return self._request("reset", kwargs=arguments)
-
-    def get_reward(self) -> float:
-        if self._reward_error:
-            raise SandboxError(f"get_reward failed in the worker: {self._reward_error}")
-        return self.reward
-
-    def final_answer(self, text: str) -> None:
-        self._request("invoke", name="final_answer", args=[text])
-
-    def demonstration(self) -> list[list[ToolCall]] | None:
-        turns = self._request("invoke", name="demonstration")
-        if turns is None:
-            return None
-        return [[ToolCall(c["name"], c["arguments"]) for c in turn] for turn in turns]
+        tool_table(target)  # a class that cannot be stepped fails here, before a worker starts
+        executor = RemoteExecutor(
+            target, dict(kwargs or {}), backend, call_timeout, start_timeout, channel
+        )
+        super().__init__(executor)
+        self.target, self.backend, self.pool = target, backend, pool
 
     def close(self) -> None:
         """Give the instance back to its pool, or stop its worker."""
@@ -283,72 +357,32 @@ class RemoteEnvironment(Environment):
 
     def shutdown(self) -> None:
         """Stop the worker (the environment's own `close` runs there first)."""
-        if self._channel is not None:
-            if self._channel.alive:
-                with contextlib.suppress(SandboxError):
-                    self._request("invoke", name="close")
-            self._channel.close()
-            self._channel = None
+        self.executor.close()
 
     @property
     def isolation(self) -> Isolation:
         """What the current worker got (network, filesystem, limits, user)."""
-        return self._channel_or_start().isolation
+        return self.executor.channel_or_start().isolation
 
     @property
     def alive(self) -> bool:
-        return self._channel is not None and self._channel.alive
+        """Whether the instance's worker is running."""
+        channel = self.executor.channel
+        return channel is not None and channel.alive
 
-    # -- plumbing ------------------------------------------------------------------------------
-    def _tool_table(self) -> dict[str, Tool]:
-        return self._table
+    @property
+    def restarts(self) -> int:
+        """Workers started after the first (each reset after a death starts one)."""
+        return self.executor.restarts
 
-    def _prepare_call(self, call: ToolCall | MalformedToolCall) -> ToolResult | PreparedCall:
-        prepared = super()._prepare_call(call)
-        if isinstance(prepared, ToolResult):
-            return prepared
-        return _RemoteCall(
-            prepared.call, prepared.tool, prepared.function, prepared.arguments, self
-        )
+    @property
+    def revoked(self) -> str | None:
+        """Why this instance may not be used any more (set by its pool), or None."""
+        return self.executor.revoked
 
-    def _call(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        return self._request("call", name=name, arguments=arguments)
-
-    def _connect(self, channel: Channel | None) -> None:
-        if self._channel is not None:
-            self._channel.kill()
-        self._channel = channel or self.backend.start(self.target)
-        self.restarts += 1
-        self.reward, self.done, self._reward_error = 0.0, False, None
-        module, name = self.target.__module__, self.target.__qualname__
-        created = self._request(
-            "create", self.start_timeout, module=module, name=name, kwargs=self.kwargs
-        )
-        self.max_turns = created.get("max_turns", self.max_turns)
-
-    def _channel_or_start(self) -> Channel:
-        if self.revoked:
-            raise SandboxError(self.revoked)
-        if self._channel is None or not self._channel.alive:
-            self._connect(None)
-        assert self._channel is not None
-        return self._channel
-
-    def _request(self, op: str, timeout: float | None = None, **fields: Any) -> Any:
-        if self.revoked:
-            raise SandboxError(self.revoked)
-        channel = self._channel
-        if channel is None or not channel.alive:  # only reset() starts a new worker
-            raise SandboxError(f"{op}: the worker is gone (reset() starts a new one)")
-        reply = channel.request(op, timeout or self.call_timeout, **fields)
-        state = reply.get("state")
-        if state:
-            self.done = bool(state.get("done"))
-            self.reward = float(state.get("reward", self.reward))
-            self._reward_error = state.get("reward_error")
-        if not reply.get("ok"):
-            raise RemoteError(op, reply.get("error") or {})
-        return reply.get("value")
+    @revoked.setter
+    def revoked(self, why: str | None) -> None:
+        self.executor.revoked = why
 
     def __repr__(self) -> str:
         return f"RemoteEnvironment({self.target.__name__}, backend={self.backend.name})"
@@ -356,30 +390,10 @@ class RemoteEnvironment(Environment):
 
 def ping(env: RemoteEnvironment, timeout: float = 5.0) -> bool:
     """Health check: True when the environment's worker is running and answers in time."""
-    channel = env._channel
+    channel = env.executor.channel
     if channel is None or not channel.alive:
         return False
     try:
         return channel.request("ping", timeout).get("value") == "pong"
     except SandboxError:
         return False
-
-
-class _RemoteCall(PreparedCall):
-    """A checked call that runs in the worker; a sandbox failure propagates (ends the episode)."""
-
-    def __init__(self, call, tool, function, arguments, env: RemoteEnvironment) -> None:
-        super().__init__(call, tool, function, arguments)
-        self.env = env
-
-    def run(self) -> ToolResult:
-        value = self.env._call(self.call.name, self.arguments)
-        return ToolResult(self.call, value["content"], value["failure"])
-
-    async def arun(self) -> ToolResult:
-        try:
-            return await asyncio.to_thread(self.run)
-        except asyncio.CancelledError:  # the agent's own timeout fired first
-            if self.env._channel is not None:
-                self.env._channel.kill()
-            raise

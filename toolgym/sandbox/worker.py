@@ -3,17 +3,18 @@
 Standard library only (it runs in a minimal container image); started as
 `python3 -m toolgym.sandbox.worker` with the project's source on `PYTHONPATH`.
 
-Protocol (version 1): JSON lines. The worker first writes a hello line
-`{"v": 1, "hello": {"pid": ..., "python": "3.11.2"}}`, then answers each request line with
+Protocol (version 2): JSON lines. The worker first writes a hello line
+`{"v": 2, "hello": {"pid": ..., "python": "3.11.2"}}`, then answers each request line with
 exactly one reply line carrying the request's `id`:
 
-    request  {"v": 1, "id": 7, "op": OP, ...fields}
-    reply    {"v": 1, "id": 7, "ok": true, "value": ..., "state": {"reward": 0.0, "done": false}}
-             {"v": 1, "id": 7, "ok": false, "error": {"type": "ValueError", "message": "..."}}
+    request  {"v": 2, "id": 7, "op": OP, ...fields}
+    reply    {"v": 2, "id": 7, "ok": true, "value": ..., "state": {"reward": 0.0, "done": false}}
+             {"v": 2, "id": 7, "ok": false, "error": {"type": "ValueError", "message": "..."}}
 
 OP is one of:
     create  {"module", "name", "kwargs"}  import module:name and instantiate it
-    reset   {"kwargs"}                     -> the first observation (str or null)
+    reset   {"row"}                        the row's columns (and "seed") that the
+                                           environment's reset accepts -> the first observation
     call    {"name", "arguments"}          -> {"content": str, "failure": null | "tool_error"
                                               | "tool_exception" | "bad_result"}
     invoke  {"name", "args"}               a protocol method: get_reward, final_answer,
@@ -40,14 +41,16 @@ import sys
 import traceback
 from typing import Any, BinaryIO
 
-from toolgym.sandbox.executor import (
+from toolgym.envs.calls import ToolCall
+from toolgym.envs.python_session import (
     forbid_new_processes,
     make_untraceable,
     start_zygote,
     zygote_lost,
 )
+from toolgym.envs.stepping import LocalExecutor
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAX_CONTENT_CHARS = 1_000_000
 """A tool result longer than this is cut (the protocol stays responsive whatever a tool
 returns; environments should truncate to what a model can read long before this)."""
@@ -65,9 +68,10 @@ class Worker:
     ) -> None:
         self.reader, self.writer = reader, writer
         self.hello = {"pid": os.getpid(), "python": platform.python_version(), **(hello or {})}
-        self.env: Any = None
+        self.executor: LocalExecutor | None = None
 
     def serve(self) -> None:
+        """Say hello, then answer requests until `exit` or the end of input."""
         self._send({"hello": self.hello})
         _silence_output()
         for line in self.reader:
@@ -86,20 +90,23 @@ class Worker:
                 return
 
     def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The reply to one request (an error reply if it fails, never an exception)."""
         reply: dict[str, Any] = {"id": request.get("id")}
         op = request.get("op")
         handler = getattr(self, f"_op_{op}", None) if isinstance(op, str) else None
         try:
             if request.get("v") != PROTOCOL_VERSION:
-                raise ValueError(f"protocol version {request.get('v')!r} (worker speaks 1)")
+                raise ValueError(
+                    f"protocol version {request.get('v')!r} (worker speaks {PROTOCOL_VERSION})"
+                )
             if handler is None:
                 raise ValueError(f"unknown op {op!r}")
-            if op not in ("create", "ping", "exit") and self.env is None:
+            if op not in ("create", "ping", "exit") and self.executor is None:
                 raise RuntimeError("no environment yet (send create first)")
             reply.update(ok=True, value=handler(request))
         except Exception as error:
             reply.update(ok=False, error=_error(error))
-        if self.env is not None and op not in ("ping", "exit"):
+        if self.executor is not None and op not in ("ping", "exit"):
             reply["state"] = self._state()
         return reply
 
@@ -119,8 +126,8 @@ class Worker:
                 "or DockerBackend(code_paths=...)"
             ) from None
         cls = getattr(module, request["name"])
-        self.env = cls(**request.get("kwargs", {}))
-        return {"max_turns": getattr(self.env, "max_turns", None)}
+        self.executor = LocalExecutor(cls(**request.get("kwargs", {})))
+        return {"max_turns": self.executor.max_turns}
 
     def _op_reset(self, request: dict[str, Any]) -> str | None:
         if zygote_lost():
@@ -128,27 +135,24 @@ class Worker:
                 "this worker's session zygote died (the model's code can kill it): it cannot "
                 "run code any more; the host starts a fresh worker"
             )
-        observation = _resolve(self.env.reset(**request.get("kwargs", {})))
+        observation = self.executor.reset(request.get("row", {}))
         return None if observation is None else str(observation)
 
     def _op_call(self, request: dict[str, Any]) -> dict[str, Any]:
         name = request["name"]
         if name.startswith("_"):
             raise ValueError(f"{name!r} is not a tool")
-        from toolgym.envs.core import PreparedCall, ToolCall  # standard library only
-
         arguments = request.get("arguments", {})
         # The same run / error / rendering path as a local call, so the model reads the same
         # text whichever backend hosts the environment (the host already checked the call).
-        call = PreparedCall(ToolCall(name, arguments), None, getattr(self.env, name), arguments)
-        result = call.run()
+        result = self.executor.run(ToolCall(name, arguments), arguments)
         return {"content": result.content[:MAX_CONTENT_CHARS], "failure": result.failure}
 
     def _op_invoke(self, request: dict[str, Any]) -> Any:
         name = request["name"]
         if name not in ("get_reward", "final_answer", "demonstration", "close"):
             raise ValueError(f"{name!r} is not a protocol method")
-        method = getattr(self.env, name, None)
+        method = getattr(self.executor.instance, name, None)
         if method is None:
             return None
         value = _resolve(method(*request.get("args", [])))
@@ -164,11 +168,9 @@ class Worker:
 
     # -- helpers -----------------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"done": bool(getattr(self.env, "done", False))}
+        state: dict[str, Any] = {"done": self.executor.done()}
         try:
-            get_reward = getattr(self.env, "get_reward", None)
-            reward = get_reward() if callable(get_reward) else getattr(self.env, "reward", 0.0)
-            state["reward"] = float(reward)
+            state["reward"] = self.executor.reward()
         except Exception as error:
             state["reward_error"] = f"{type(error).__name__}: {error}"
         return state
@@ -201,9 +203,9 @@ def _error(error: BaseException) -> dict[str, str]:
 
 
 def main() -> None:
-    # The launcher sets TOOLGYM_WORKER=1 (before `toolgym` is imported), so that environment
-    # modules load with the standard library alone. The protocol keeps the real stdout;
-    # whatever the environment prints goes to stderr until the hello, then nowhere.
+    """`python -m toolgym.sandbox.worker`: limits, hygiene, then serve stdin/stdout."""
+    # The protocol keeps the real stdout; whatever the environment prints goes to stderr
+    # until the hello, then nowhere.
     protocol_out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr

@@ -25,6 +25,8 @@ class SamplingParams:
 
 @dataclass
 class GenerationRequest:
+    """One completion to generate: prompt token ids and sampling settings."""
+
     prompt_ids: list[int]
     sampling: SamplingParams
 
@@ -52,4 +54,6 @@ class Engine(Protocol):
         """Load new policy weights."""
         ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release the engine's memory and threads."""
+        ...

@@ -35,6 +35,7 @@ class HFEngine:
         self._lock = threading.Lock()  # one generate() at a time on one model
 
     def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
+        """One completion per request, in order (transformers `generate`, batched)."""
         results: list[Completion | None] = [None] * len(requests)
         groups: dict[tuple, list[int]] = {}
         for index, request in enumerate(requests):

@@ -28,6 +28,7 @@ class ScriptedEngine:
         self.batches: list[int] = []  # size of every generate() call, for tests of batching
 
     def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
+        """The scripted token sequences, one per request, in order."""
         self.batches.append(len(requests))
         return [self._complete(request) for request in requests]
 

@@ -59,6 +59,7 @@ class VLLMServerEngine:
         self._update_lock = threading.Lock()
 
     def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
+        """One completion per request, in order (concurrent requests to the server)."""
         return list(self._pool.map(self._complete, requests))
 
     def _complete(self, request: GenerationRequest) -> Completion:

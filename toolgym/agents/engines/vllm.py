@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from toolgym.agents.engines.base import Completion, GenerationRequest
+from toolgym.agents.models import resolve_model
 
 _CPU_ENVIRONMENT = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in this process: starts fast
@@ -51,8 +52,6 @@ class VLLMEngine:
         kv_cache_memory_bytes: int | None = None,
         **llm_kwargs: Any,
     ) -> None:
-        from toolgym.models import resolve_model
-
         cuda = _has_cuda()
         if not cuda:
             for key, value in _CPU_ENVIRONMENT.items():
@@ -76,6 +75,7 @@ class VLLMEngine:
         self._lock = threading.Lock()
 
     def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
+        """One completion per request, in order (one batch through vLLM)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolgym.envs.core import MalformedToolCall, ToolCall, tool_call_from_dict
+from toolgym.envs.calls import MalformedToolCall, ToolCall, tool_call_from_dict
 
 AnyCall = ToolCall | MalformedToolCall
 
@@ -28,6 +28,7 @@ class ParsedMessage:
 
     @property
     def failures(self) -> int:
+        """How many of the calls are malformed."""
         return sum(isinstance(call, MalformedToolCall) for call in self.tool_calls)
 
 

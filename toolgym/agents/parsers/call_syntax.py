@@ -16,7 +16,7 @@ from toolgym.agents.parsers.base import (
     blocks,
     json_or_text,
 )
-from toolgym.envs.core import MalformedToolCall, ToolCall
+from toolgym.envs.calls import MalformedToolCall, ToolCall
 
 _LFM2 = ("<|tool_call_start|>", "<|tool_call_end|>")
 _PYTHONIC_LIST = re.compile(r"^\s*\[\s*[A-Za-z_][\w.\-]*\(", re.DOTALL)

@@ -103,6 +103,14 @@ def probe_messages(
     ]
 
 
+def renders_tools(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template shows the model the probe tools at all (a
+    template that ignores `tools` renders the same text with and without them)."""
+    messages = [{"role": "user", "content": "hi"}]
+    with_tools = tokenizer.apply_chat_template(messages, tools=PROBE_TOOLS, tokenize=False)
+    return with_tools != tokenizer.apply_chat_template(messages, tokenize=False)
+
+
 def render_probe(tokenizer: Any, calls: int = 2, **template_kwargs: Any) -> ProbeReply:
     """The text a model would write for the first `calls` probe calls (see `render_reply`)."""
     return render_reply(tokenizer, PROBE_CALLS[:calls], **template_kwargs)

@@ -21,7 +21,7 @@ from toolgym.agents.parsers.json_formats import (
     tagged_json,
 )
 from toolgym.agents.parsers.xml_formats import parse_glm, parse_invoke, parse_xml_function
-from toolgym.envs.core import MalformedToolCall
+from toolgym.envs.calls import MalformedToolCall
 
 
 @dataclass(frozen=True)

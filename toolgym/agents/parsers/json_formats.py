@@ -19,7 +19,7 @@ from toolgym.agents.parsers.base import (
     json_call,
     split_top_level,
 )
-from toolgym.envs.core import MalformedToolCall, ToolCall
+from toolgym.envs.calls import MalformedToolCall, ToolCall
 
 
 def tagged_json(start: str, end: str | None, name_keys: tuple[str, ...] = ("name",)) -> Parser:

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from toolgym.agents.parsers.base import AnyCall, ParsedMessage, Parser
-from toolgym.envs.core import MalformedToolCall, ToolCall, tool_call_from_dict
+from toolgym.envs.calls import MalformedToolCall, ToolCall, tool_call_from_dict
 
 
 def tokenizer_parser(tokenizer: Any) -> Parser:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from toolgym.agents.parsers.base import AnyCall, ParsedMessage, before, json_or_text
-from toolgym.envs.core import MalformedToolCall, ToolCall
+from toolgym.envs.calls import MalformedToolCall, ToolCall
 
 _FUNCTION = re.compile(r"<function=([^>\n]*)>(.*?)(</function>|\Z)", re.DOTALL)
 _PARAMETER = re.compile(r"<parameter=([^>\n]*)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL)

@@ -9,7 +9,6 @@ model's final answer: it goes to `final_answer()` and the episode terminates.
 from __future__ import annotations
 
 import json
-import re
 import string
 from collections.abc import Callable
 from typing import Any
@@ -17,21 +16,15 @@ from typing import Any
 import gymnasium
 from gymnasium import spaces
 
-from toolgym.envs.core import (
-    Environment,
-    MalformedToolCall,
-    ToolCall,
-    tool_call_from_dict,
-    tool_call_from_json,
-)
-
-_TOOL_CALL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
+from toolgym.agents.parsers.json_formats import parse_hermes
+from toolgym.envs.calls import MalformedToolCall, ToolCall, tool_call_from_dict
+from toolgym.registry import spec
 
 Row = dict[str, Any]
 
 
 class ChatText(spaces.Text):
-    """A `Text` space holding any Unicode string up to `max_length` characters.
+    """A `Text` space holding any Unicode string up to its maximum length.
 
     gymnasium's `Text` checks every character against a fixed charset; chat text and tool
     output can hold any character, so membership checks only type and length. Samples are
@@ -42,14 +35,15 @@ class ChatText(spaces.Text):
         super().__init__(max_length=max_length, min_length=0, charset=string.printable, seed=seed)
 
     def contains(self, x: Any) -> bool:
+        """Any string up to the maximum length."""
         return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
 
 
 def parse_action(text: str) -> list[ToolCall | MalformedToolCall]:
-    """The tool calls in an assistant message (Hermes `<tool_call>` blocks or bare JSON)."""
-    blocks = _TOOL_CALL_BLOCK.findall(text)
-    if blocks:
-        return [tool_call_from_json(block.strip()) for block in blocks]
+    """The tool calls in an assistant message: Hermes `<tool_call>` blocks (the agents'
+    Hermes parser), or a bare JSON call or list of calls."""
+    if "<tool_call>" in text:
+        return parse_hermes(text).tool_calls
     stripped = text.strip()
     if not stripped.startswith(("{", "[")):
         return []
@@ -69,7 +63,7 @@ class GymnasiumEnv(gymnasium.Env[str, str]):
     """A toolgym environment seen through gymnasium's API.
 
     Args:
-        env: The environment (a toolgym `Environment`).
+        env: The environment (an `Environment`, a `Stepper`, a sandboxed instance).
         render_mode: None or `"ansi"` (the transcript so far as text).
         row_sampler: `f(seed) -> row` used by `reset` when no `options` row is given; the
             registry passes one drawing from the environment's prompt dataset.
@@ -82,7 +76,7 @@ class GymnasiumEnv(gymnasium.Env[str, str]):
 
     def __init__(
         self,
-        env: Environment,
+        env: Any,
         render_mode: str | None = None,
         row_sampler: Callable[[int], Row] | None = None,
         max_observation_length: int = 1 << 20,
@@ -99,6 +93,8 @@ class GymnasiumEnv(gymnasium.Env[str, str]):
         self._answered = False
 
     def reset(self, *, seed: int | None = None, options: Row | None = None) -> tuple[str, Row]:
+        """Start an episode from `options` (a dataset row) or a row drawn with `seed`; the
+        observation is the prompt and what the environment's reset returned."""
         super().reset(seed=seed)
         episode_seed = int(self.np_random.integers(0, 2**31 - 1))
         row = dict(options) if options is not None else self._sample_row(episode_seed)
@@ -111,6 +107,7 @@ class GymnasiumEnv(gymnasium.Env[str, str]):
         return observation, {"tools": self.env.tools}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, Row]:
+        """Play the assistant's text: its tool calls, or, with none, its final answer."""
         if self._answered:
             return "Error: the episode is over.", 0.0, True, False, {"tool_calls": 0}
         self._transcript.append(f"assistant: {action}")
@@ -127,31 +124,32 @@ class GymnasiumEnv(gymnasium.Env[str, str]):
         return observation, result.reward, result.terminated, result.truncated, result.info
 
     def render(self) -> str | None:
+        """The transcript so far (render_mode "ansi")."""
         if self.render_mode == "ansi":
             return "\n".join(self._transcript)
         return None
 
     def close(self) -> None:
+        """Close the environment."""
         self.env.close()
 
     def _sample_row(self, seed: int) -> Row:
         return dict(self.row_sampler(seed)) if self.row_sampler is not None else {}
 
-    @staticmethod
-    def creator(env_id: str) -> Callable[..., GymnasiumEnv]:
-        """The gymnasium entry point for a registered toolgym id."""
 
-        def create(render_mode: str | None = None, **kwargs: Any) -> GymnasiumEnv:
-            from toolgym.envs.registry import spec
+def make_gymnasium_env(
+    toolgym_id: str, render_mode: str | None = None, **kwargs: Any
+) -> GymnasiumEnv:
+    """The gymnasium entry point of `toolgym/<id>`: the registered environment (made with
+    `kwargs`), resets drawing rows from its prompt dataset."""
+    env_spec = spec(toolgym_id)
+    sampler = None
+    if env_spec.dataset_builder is not None:
+        sampler = lambda seed: env_spec.dataset(1, seed=seed)[0]  # noqa: E731
+    return GymnasiumEnv(env_spec.make(**kwargs), render_mode, sampler)
 
-            env_spec = spec(env_id)
-            sampler = None
-            if env_spec.dataset_builder is not None:
-                sampler = lambda seed: env_spec.dataset(1, seed=seed)[0]  # noqa: E731
-            return GymnasiumEnv(env_spec.make(**kwargs), render_mode, sampler)
 
-        create.metadata = GymnasiumEnv.metadata  # type: ignore[attr-defined]
-        return create
+make_gymnasium_env.metadata = GymnasiumEnv.metadata  # type: ignore[attr-defined]
 
 
 def _prompt_text(prompt: Any) -> str:

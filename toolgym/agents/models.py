@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from toolgym.agents.parsers.detect import renders_tools
 from toolgym.agents.templates import chatml_tools_template
 
 SMOLLM2 = "smollm2-135m"
@@ -54,7 +55,7 @@ def load_model(name_or_path: str, **kwargs: Any) -> Any:
 
 def with_tool_template(tokenizer: Any) -> Any:
     """Give a ChatML tokenizer whose template ignores `tools` toolgym's tool template."""
-    if tokenizer.chat_template is not None and _template_uses_tools(tokenizer):
+    if tokenizer.chat_template is not None and renders_tools(tokenizer):
         return tokenizer
     vocabulary = tokenizer.get_vocab()
     if "<|im_start|>" not in vocabulary or "<|im_end|>" not in vocabulary:
@@ -65,21 +66,6 @@ def with_tool_template(tokenizer: Any) -> Any:
         )
     tokenizer.chat_template = chatml_tools_template()
     return tokenizer
-
-
-def _template_uses_tools(tokenizer: Any) -> bool:
-    messages = [{"role": "user", "content": "hi"}]
-    tool = {
-        "type": "function",
-        "function": {
-            "name": "probe",
-            "description": "d",
-            "parameters": {"type": "object", "properties": {}},
-        },
-    }
-    with_tools = tokenizer.apply_chat_template(messages, tools=[tool], tokenize=False)
-    without = tokenizer.apply_chat_template(messages, tokenize=False)
-    return with_tools != without
 
 
 def _smollm2_gguf() -> Path:

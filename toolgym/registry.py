@@ -17,16 +17,19 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.metadata
+import importlib.util
 import re
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import datasets
+from toolgym.envs.stepping import as_environment
+from toolgym.envs.tools import tool_table
+from toolgym.sandbox import sandboxed
 
-from toolgym.envs.adapter import as_environment
-from toolgym.envs.core import Environment
+if TYPE_CHECKING:
+    import datasets
 
 ENTRY_POINT_GROUP = "toolgym.envs"
 _ID_PATTERN = re.compile(r"^(?:(?P<namespace>[\w-]+)/)?(?P<name>[\w.-]+?)(?:-v(?P<version>\d+))?$")
@@ -66,14 +69,17 @@ class EnvSpec:
 
     @property
     def namespace(self) -> str | None:
+        """The part before `/`, if any."""
         return parse_env_id(self.id)[0]
 
     @property
     def name(self) -> str:
+        """The name without namespace and version."""
         return parse_env_id(self.id)[1]
 
     @property
     def version(self) -> int | None:
+        """N of `-vN`, if any."""
         return parse_env_id(self.id)[2]
 
     @property
@@ -81,7 +87,7 @@ class EnvSpec:
         """The id under which gymnasium knows this environment."""
         return "toolgym/" + self.id.replace("/", ".")
 
-    def make(self, sandbox: Any = None, **overrides: Any) -> Environment:
+    def make(self, sandbox: Any = None, **overrides: Any) -> Any:
         """A fresh instance with the spec's defaults updated by `overrides`, placed in
         `sandbox` (a backend name or object; default: the spec's `sandbox`)."""
         factory = _resolve(self.entry_point, what=f"entry point of {self.id}")
@@ -94,8 +100,6 @@ class EnvSpec:
                 f"{self.id}: sandbox={where!r} needs a class entry point (the worker imports it "
                 f"by module and name); {factory!r} is not a class"
             )
-        from toolgym.sandbox import sandboxed
-
         return sandboxed(factory, kwargs, where)
 
     def dataset(self, n: int, seed: int = 0, **kwargs: Any) -> datasets.Dataset:
@@ -105,6 +109,8 @@ class EnvSpec:
                 f"{self.id} has no prompt dataset builder; pass rows with a 'prompt' column and "
                 "the reset() arguments yourself, or register it with dataset=..."
             )
+        import datasets  # here, not at import: `import toolgym` stays light (0.8 s less)
+
         builder = _resolve(self.dataset_builder, what=f"dataset builder of {self.id}")
         rows = builder(n=n, seed=seed, **kwargs)
         return rows if isinstance(rows, datasets.Dataset) else datasets.Dataset.from_list(rows)
@@ -147,6 +153,8 @@ def register(
         **defaults: Constructor arguments used by `make(id)` unless overridden.
     """
     parse_env_id(id)
+    if isinstance(entry_point, type):
+        tool_table(entry_point)  # a method that cannot be a tool fails here, naming it
     if id in _registry:
         warnings.warn(f"Overriding environment {id!r} already in the registry.", stacklevel=2)
     spec = EnvSpec(id, entry_point, dict(defaults), dataset, description, sandbox)
@@ -166,7 +174,7 @@ def spec(id: str) -> EnvSpec:
     return found
 
 
-def make(id: str | EnvSpec, sandbox: Any = None, **overrides: Any) -> Environment:
+def make(id: str | EnvSpec, sandbox: Any = None, **overrides: Any) -> Any:
     """A new instance of a registered environment, with constructor `overrides`.
 
     `sandbox` places it: "local" (this process), "process" (a limited subprocess), "docker"
@@ -238,13 +246,21 @@ def _same_family(env_id: str, namespace: str | None, name: str) -> bool:
 
 
 def _register_with_gymnasium(spec: EnvSpec) -> None:
+    """Also register `spec` as the gymnasium id `toolgym/...` (by name: gymnasium imports
+    toolgym.gym only when such an id is made)."""
+    if not _HAS_GYMNASIUM:
+        return
     import gymnasium
-
-    from toolgym.envs.gym import GymnasiumEnv
 
     gym_id = spec.gymnasium_id
     gymnasium.registry.pop(gym_id, None)  # re-registration replaces, like ours
-    gymnasium.register(id=gym_id, entry_point=GymnasiumEnv.creator(spec.id))
+    gymnasium.register(
+        id=gym_id, entry_point="toolgym.gym:make_gymnasium_env", kwargs={"toolgym_id": spec.id}
+    )
+
+
+_HAS_GYMNASIUM = importlib.util.find_spec("gymnasium") is not None
+"""A sandbox worker's image has no gymnasium: its ids are registered only where it exists."""
 
 
 # The built-in environments.

@@ -1,0 +1,227 @@
+"""What crosses an environment's door: tool calls, their results, and one step's outcome.
+
+`PreparedCall` runs a checked call and turns whatever happens into a `ToolResult` the model
+can read; it is the one place a tool's return value or exception becomes message text, for
+local environments and inside sandbox workers alike. Standard library only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import json
+import logging
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from toolgym.envs.tools import render_result
+
+logger = logging.getLogger(__name__)
+
+FailureKind = Literal[
+    "malformed",
+    "unknown_tool",
+    "invalid_arguments",
+    "tool_error",
+    "tool_exception",
+    "bad_result",
+    "episode_over",
+]
+
+
+class ToolError(Exception):
+    """Raise from a tool to tell the model it made a mistake; the message is shown as is.
+
+    Any other exception is reported as a crash of the tool (`tool_exception`) with its type.
+    """
+
+
+@dataclass
+class ToolCall:
+    """A call the model asked for. `arguments` may be a dict or a JSON string."""
+
+    name: str
+    arguments: dict[str, Any] | str = field(default_factory=dict)
+    id: str | None = None
+
+
+@dataclass
+class MalformedToolCall:
+    """Text that looked like a tool call but could not be parsed; answered with an error."""
+
+    text: str
+    reason: str
+    id: str | None = None
+
+
+@dataclass
+class ToolResult:
+    """The outcome of one call: the content shown to the model, and whether it failed."""
+
+    call: ToolCall | MalformedToolCall
+    content: str
+    failure: FailureKind | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True unless the call failed."""
+        return self.failure is None
+
+    @property
+    def message(self) -> dict[str, Any]:
+        """The chat message (`role: tool`) that carries this result back to the model."""
+        name = self.call.name if isinstance(self.call, ToolCall) else "invalid_tool_call"
+        message = {"role": "tool", "name": name, "content": self.content}
+        if self.call.id is not None:
+            message["tool_call_id"] = self.call.id
+        return message
+
+
+@dataclass
+class StepResult:
+    """What one turn of tool calls produced.
+
+    Attributes:
+        messages: One `role: tool` message per call, in call order.
+        reward: Reward earned during this step (the change of `get_reward()`).
+        terminated: The environment ended the episode (`done`).
+        truncated: The episode hit the environment's `max_turns` without ending.
+        info: `turn`, `tool_calls`, `tool_failures` and `failures` (kind and message per failure).
+    """
+
+    messages: list[dict[str, Any]]
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any]
+    results: list[ToolResult] = field(default_factory=list, repr=False)
+
+
+AnyToolCall = ToolCall | MalformedToolCall | Mapping[str, Any]
+
+
+@dataclass
+class PreparedCall:
+    """A checked call, bound to its environment's method; running it never raises: an
+    exception is the tool's failure, a result that is no JSON a `bad_result`."""
+
+    call: ToolCall
+    function: Callable[..., Any]
+    arguments: dict[str, Any]
+
+    def run(self) -> ToolResult:
+        """Call the tool (a coroutine is run to completion) and render its outcome."""
+        try:
+            value = self.function(**self.arguments)
+            if inspect.iscoroutine(value):
+                value = run_coroutine(value)
+        except Exception as error:
+            return self._failed(error)
+        return self._rendered(value)
+
+    async def arun(self) -> ToolResult:
+        """`run` for an event loop: async tools are awaited, sync ones run in a thread."""
+        try:
+            if inspect.iscoroutinefunction(self.function):
+                value = await self.function(**self.arguments)
+            else:
+                value = await asyncio.to_thread(self.function, **self.arguments)
+        except Exception as error:
+            return self._failed(error)
+        return self._rendered(value)
+
+    def _failed(self, error: Exception) -> ToolResult:
+        if isinstance(error, ToolError):
+            return ToolResult(self.call, f"Error: {error}", "tool_error")
+        name = self.call.name
+        return ToolResult(
+            self.call, f"Error: {name} raised {type(error).__name__}: {error}", "tool_exception"
+        )
+
+    def _rendered(self, value: Any) -> ToolResult:
+        try:
+            return ToolResult(self.call, render_result(value))
+        except (TypeError, ValueError, RecursionError) as error:
+            return ToolResult(self.call, f"Error: {self.call.name} failed: {error}.", "bad_result")
+
+
+def accepted_kwargs(function: Callable[..., Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A filter that keeps only the keyword arguments `function` accepts (all, with **kwargs)."""
+    params = inspect.signature(function).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return lambda kwargs: kwargs
+    names = {
+        p.name
+        for p in params
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    }
+    return lambda kwargs: {k: v for k, v in kwargs.items() if k in names}
+
+
+def as_call_list(
+    tool_calls: AnyToolCall | Iterable[AnyToolCall],
+) -> list[ToolCall | MalformedToolCall]:
+    """One call or many, as ToolCall objects or OpenAI-style dicts -> a list of calls."""
+    if isinstance(tool_calls, (ToolCall, MalformedToolCall, Mapping)):
+        tool_calls = [tool_calls]
+    return [_as_call(call) for call in tool_calls]
+
+
+def tool_call_from_json(text: str) -> ToolCall | MalformedToolCall:
+    """`{"name": ..., "arguments": {...}}` (or `"parameters"`) text -> a call, or why not."""
+    try:
+        decoded = json.loads(text)
+    except json.JSONDecodeError as error:
+        return MalformedToolCall(text, f"invalid JSON ({error.msg} at position {error.pos})")
+    except (ValueError, RecursionError) as error:  # digit limit, nesting past the stack
+        return MalformedToolCall(text, f"unreadable JSON ({type(error).__name__})")
+    return tool_call_from_dict(decoded, text)
+
+
+def tool_call_from_dict(data: Any, text: str | None = None) -> ToolCall | MalformedToolCall:
+    """A decoded `{"name": ..., "arguments": {...}}` -> a call, or why not.
+
+    `text` is what the model wrote, kept in a MalformedToolCall (default: `data` as JSON).
+    """
+    call = _as_call(data) if isinstance(data, Mapping) else None
+    if isinstance(call, ToolCall):
+        return call
+    reason = call.reason if call is not None else 'expected {"name": ..., "arguments": {...}}'
+    return MalformedToolCall(text if text is not None else json.dumps(data, default=str), reason)
+
+
+def _as_call(call: AnyToolCall) -> ToolCall | MalformedToolCall:
+    """Accept ToolCall objects and OpenAI-style dicts (`{"function": {"name", "arguments"}}`)."""
+    if isinstance(call, (ToolCall, MalformedToolCall)):
+        return call
+    if isinstance(call, Mapping):
+        body = call.get("function", call)
+        name = body.get("name") if isinstance(body, Mapping) else None
+        if isinstance(name, str) and name:
+            arguments = body.get("arguments", body.get("parameters", {}))
+            return ToolCall(name, arguments, call.get("id"))
+    return MalformedToolCall(repr(call), "a tool call needs a 'name' and 'arguments'")
+
+
+def close_all(envs: Iterable[Any]) -> None:
+    """Close every environment that has `close()` (sandboxes and containers stop), even when
+    some fail to: each failure is logged, none stops the others."""
+    for env in envs:
+        close = getattr(env, "close", None)
+        if callable(close):
+            try:
+                close()
+            except Exception:
+                logger.warning("closing %r failed", env, exc_info=True)
+
+
+def run_coroutine(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    """Run a coroutine from sync code, also when the caller is inside a running event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()

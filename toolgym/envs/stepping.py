@@ -1,0 +1,302 @@
+"""Stepping: one object runs a turn's tool calls, wherever the environment lives.
+
+`Stepper` owns what every environment shares: the tool table, argument checks, turn counting
+and truncation, the error messages the model reads, `StepResult`, and the lifecycle (a
+context manager). An *executor* owns where the environment's state lives and runs checked
+calls there, through a small interface (`Executor`): `LocalExecutor` in this process, and the
+sandbox room's `RemoteExecutor` in a worker process or a container.
+
+    env = Stepper(LocalExecutor(MyPlainClass()))   # what `toolgym.as_environment` returns
+    env.reset(seed=0, **row)
+    env.step(ToolCall("guess", {"word": "crane"}))
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from toolgym.envs.calls import (
+    AnyToolCall,
+    MalformedToolCall,
+    PreparedCall,
+    StepResult,
+    ToolCall,
+    ToolResult,
+    accepted_kwargs,
+    as_call_list,
+    run_coroutine,
+)
+from toolgym.envs.tools import Tool, ToolArgumentError, decode_arguments, tool_table
+
+
+class Executor(Protocol):
+    """Where an environment's state lives. Every method but `reset` may be called only after
+    `reset`; calls reach `run` / `arun` already checked against `table`."""
+
+    target: type
+    """The environment's class (its tools are `tool_table(target)`)."""
+    max_turns: int | None
+
+    def reset(self, row: dict[str, Any]) -> str | None:
+        """Start an episode from a row (its `seed` included); the first observation."""
+
+    def run(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
+        """Run a checked call; its outcome as a result (a failing tool is a failed result)."""
+        ...
+
+    async def arun(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
+        """`run` without blocking the event loop."""
+        ...
+
+    def reward(self) -> float:
+        """The episode's reward so far."""
+        ...
+
+    def done(self) -> bool:
+        """Whether the environment ended the episode."""
+        ...
+
+    def final_answer(self, text: str) -> None:
+        """Hand the model's last message (no tool calls) to the environment to grade."""
+
+    def demonstration(self) -> list[list[ToolCall]] | None:
+        """An expert's calls for this episode, one list per turn, or None."""
+
+    def close(self) -> None:
+        """Release the environment and what it holds."""
+
+
+class LocalExecutor(Executor):
+    """The environment instance in this process: an `Environment` or any object with
+    `reset(**kwargs)` and public methods (TRL's `environment_factory` shape; `get_reward()` or
+    a `reward` attribute, and an optional `done`)."""
+
+    def __init__(self, instance: object) -> None:
+        if not callable(getattr(instance, "reset", None)):
+            raise TypeError(
+                f"{type(instance).__name__} cannot be used as an environment: it has no reset() "
+                "method. An environment needs reset(**kwargs) and public methods as tools."
+            )
+        self.instance = instance
+        self.target = type(instance)
+        self.max_turns = getattr(instance, "max_turns", None)
+        self._accepted = accepted_kwargs(instance.reset)
+
+    def reset(self, row: dict[str, Any]) -> str | None:
+        observation = self.instance.reset(**self._accepted(row))
+        if asyncio.iscoroutine(observation):
+            observation = run_coroutine(observation)
+        return observation
+
+    def run(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
+        return self._prepared(call, arguments).run()
+
+    async def arun(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
+        return await self._prepared(call, arguments).arun()
+
+    def reward(self) -> float:
+        get_reward = getattr(self.instance, "get_reward", None)
+        if callable(get_reward):
+            return float(get_reward())
+        return float(getattr(self.instance, "reward", 0.0))
+
+    def done(self) -> bool:
+        return bool(getattr(self.instance, "done", False))
+
+    def final_answer(self, text: str) -> None:
+        self._optional("final_answer", text)
+
+    def demonstration(self) -> list[list[ToolCall]] | None:
+        return self._optional("demonstration")
+
+    def close(self) -> None:
+        self._optional("close")
+
+    def _prepared(self, call: ToolCall, arguments: dict[str, Any]) -> PreparedCall:
+        return PreparedCall(call, getattr(self.instance, call.name), arguments)
+
+    def _optional(self, name: str, *args: Any) -> Any:
+        method = getattr(self.instance, name, None)
+        return method(*args) if callable(method) else None
+
+
+class Stepper:
+    """The stepping surface of one environment instance (see the module docstring).
+
+    Attributes:
+        executor: Where the instance lives.
+        turn: Turns (assistant messages with tool calls) taken in this episode.
+        truncated: The episode reached `max_turns` without the environment ending it.
+    """
+
+    def __init__(self, executor: Executor) -> None:
+        self.executor = executor
+        self.turn = 0
+        self.truncated = False
+        self._started = False
+
+    # -- the episode ---------------------------------------------------------------------------
+    def reset(self, seed: int | None = None, **row: Any) -> str | None:
+        """Start an episode from a dataset row's columns (only those the environment's `reset`
+        accepts reach it); a returned string is shown first."""
+        observation = self.executor.reset({**row, "seed": seed})
+        self.begin_episode()
+        return None if observation is None else str(observation)
+
+    def begin_episode(self) -> None:
+        """Clear the turn count (called by `reset`, and by `Environment.reset` itself)."""
+        self.turn, self.truncated, self._started = 0, False, True
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """The tools' JSON schemas in the OpenAI function-calling format."""
+        return [tool.schema for tool in self.table.values()]
+
+    @property
+    def table(self) -> dict[str, Tool]:
+        """The environment class's tools by name (built once per class)."""
+        return tool_table(self.executor.target)
+
+    @property
+    def max_turns(self) -> int | None:
+        """The environment's own turn limit (None: none)."""
+        return self.executor.max_turns
+
+    @property
+    def reward(self) -> float:
+        """The episode's reward so far."""
+        return self.executor.reward()
+
+    @property
+    def done(self) -> bool:
+        """Whether the environment ended the episode."""
+        return self.executor.done()
+
+    def get_reward(self) -> float:
+        """The episode's reward so far."""
+        return self.executor.reward()
+
+    def final_answer(self, text: str) -> None:
+        """Hand the model's last message (an answer without tool calls) to the environment."""
+        self.executor.final_answer(text)
+
+    def demonstration(self) -> list[list[ToolCall]] | None:
+        """An expert's tool calls for this episode, one list per turn, if it has an expert."""
+        return self.executor.demonstration()
+
+    def close(self) -> None:
+        """Release the environment (its processes, files, container)."""
+        self.executor.close()
+
+    def __enter__(self) -> Stepper:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- stepping ------------------------------------------------------------------------------
+    def step(self, tool_calls: AnyToolCall | Iterable[AnyToolCall]) -> StepResult:
+        """Run one turn's tool calls in order and answer each with a tool message. Whatever the
+        model sent, every call gets a message (an error it can read), never an exception."""
+        calls, reward_before = self._begin_step(tool_calls)
+        results = []
+        for call in calls:
+            checked = self._check(call)
+            results.append(
+                checked if isinstance(checked, ToolResult) else self.executor.run(*checked)
+            )
+        return self._end_step(results, reward_before)
+
+    async def astep(self, tool_calls: AnyToolCall | Iterable[AnyToolCall]) -> StepResult:
+        """Like `step`, without blocking the event loop."""
+        calls, reward_before = self._begin_step(tool_calls)
+        results = []
+        for call in calls:
+            checked = self._check(call)
+            if isinstance(checked, ToolResult):
+                results.append(checked)
+            else:
+                results.append(await self.executor.arun(*checked))
+        return self._end_step(results, reward_before)
+
+    def _is_over(self) -> bool:
+        return self.done or self.truncated
+
+    def _begin_step(
+        self, tool_calls: AnyToolCall | Iterable[AnyToolCall]
+    ) -> tuple[list[ToolCall | MalformedToolCall], float]:
+        if not self._started:
+            raise RuntimeError(f"{self.executor.target.__name__}: call reset() before step()")
+        calls = as_call_list(tool_calls)
+        if not self._is_over():
+            self.turn += 1
+        return calls, self.get_reward()
+
+    def _end_step(self, results: list[ToolResult], reward_before: float) -> StepResult:
+        done = self.done
+        if self.max_turns is not None and self.turn >= self.max_turns and not done:
+            self.truncated = True
+        failures = [r for r in results if not r.ok]
+        info = {
+            "turn": self.turn,
+            "tool_calls": len(results),
+            "tool_failures": len(failures),
+            "failures": [{"kind": r.failure, "message": r.content} for r in failures],
+        }
+        return StepResult(
+            messages=[r.message for r in results],
+            reward=self.get_reward() - reward_before,
+            terminated=done,
+            truncated=self.truncated,
+            info=info,
+            results=results,
+        )
+
+    def _check(
+        self, call: ToolCall | MalformedToolCall
+    ) -> ToolResult | tuple[ToolCall, dict[str, Any]]:
+        """An error result if the call cannot run, else the call and its checked arguments."""
+        if isinstance(call, MalformedToolCall):
+            return ToolResult(
+                call, f"Error: could not parse the tool call: {call.reason}", "malformed"
+            )
+        if self._is_over():
+            why = "the episode is over" if self.done else "the turn limit was reached"
+            return ToolResult(
+                call, f"Error: {why}; no more tool calls are accepted.", "episode_over"
+            )
+        table = self.table
+        tool = table.get(call.name)
+        if tool is None:
+            available = ", ".join(t.signature for t in table.values()) or "none"
+            return ToolResult(
+                call,
+                f"Error: unknown tool '{call.name}'. Available tools: {available}.",
+                "unknown_tool",
+            )
+        try:
+            arguments = tool.validate(decode_arguments(call.arguments))
+        except ToolArgumentError as error:
+            return ToolResult(
+                call,
+                f"Error: invalid arguments for {call.name}: {error}. Expected: {tool.signature}.",
+                "invalid_arguments",
+            )
+        return call, arguments
+
+
+def as_environment(obj: Any) -> Any:
+    """What the agent and trainers step: a `Stepper` (or an `Environment`, which steps through
+    its own) as it is; any other object with `reset` and public methods, in a `Stepper`. The
+    tool table is built here, so a method that cannot be a tool fails now, naming it."""
+    if isinstance(obj, Stepper):
+        return obj
+    stepper = getattr(obj, "stepper", None)
+    if isinstance(stepper, Stepper):
+        tool_table(type(obj))
+        return obj
+    stepper = Stepper(LocalExecutor(obj))
+    tool_table(type(obj))
+    return stepper

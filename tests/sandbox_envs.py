@@ -206,3 +206,15 @@ class Forger(toolgym.Environment):
             line = {"v": 1, "id": request, "ok": True, "value": value, "state": {"reward": 1.0}}
             os.write(3, (json.dumps(line) + "\n").encode())
         return "honest"
+
+
+class Seeded(toolgym.Environment):
+    """What a seed draws, and a limit its reset sets (sandbox tests)."""
+
+    def reset(self, turns: int = 2) -> str | None:
+        self.max_turns = turns
+        return str(self.rng.random())
+
+    def draw(self) -> float:
+        """Draw a number."""
+        return self.rng.random()

@@ -15,21 +15,46 @@ the package's public surface, from `agents` on)."""
 
 
 def module_name(path: Path) -> str:
+    """`toolgym/envs/core.py` -> `toolgym.envs.core` (a package's `__init__` -> the package)."""
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def imports_of(path: Path) -> set[str]:
-    """Every toolgym module `path` imports (a `from a import b` counts `a.b` when b is one)."""
+    """Every toolgym module `path` imports: `import`, `from ... import` (relative ones
+    resolved; `from a import b` counts `a.b` when b is a module) and
+    `importlib.import_module("toolgym....")` with a literal name."""
     found: set[str] = set()
+    package = module_name(path) if path.name == "__init__.py" else module_name(path.parent)
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names if alias.name.startswith("toolgym"))
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("toolgym"):
-            for alias in node.names:
-                candidate = f"{node.module}.{alias.name}"
-                found.add(candidate if _is_module(candidate) else node.module)
+        elif isinstance(node, ast.ImportFrom):
+            base = _absolute(node, package)
+            if base.startswith("toolgym"):
+                for alias in node.names:
+                    candidate = f"{base}.{alias.name}"
+                    found.add(candidate if _is_module(candidate) else base)
+        elif isinstance(node, ast.Call) and _is_import_module(node):
+            found.add(node.args[0].value.partition(":")[0])
     return found
+
+
+def _absolute(node: ast.ImportFrom, package: str) -> str:
+    if not node.level:
+        return node.module or ""
+    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+    return ".".join([*parts, *([node.module] if node.module else [])])
+
+
+def _is_import_module(node: ast.Call) -> bool:
+    name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+    return (
+        name == "import_module"
+        and len(node.args) == 1
+        and isinstance(node.args[0], ast.Constant)
+        and str(node.args[0].value).startswith("toolgym")
+    )
 
 
 def _is_module(name: str) -> bool:
@@ -96,3 +121,39 @@ def test_no_function_is_longer_than_a_screen(limit):
                 if length > limit:
                     long.append(f"{module_name(path)}.{node.name}: {length} lines")
     assert not long, "\n".join(long)
+
+
+def test_the_checker_sees_relative_and_dynamic_imports(tmp_path, monkeypatch):
+    """The reader of imports is not blind to the forms this codebase does not use today."""
+    module = PACKAGE / "envs" / "probe_for_the_checker.py"
+    module.write_text(
+        "from ..agents import rollout\n"
+        "from . import core\n"
+        "import importlib\n"
+        "importlib.import_module('toolgym.algorithms.grpo')\n"
+    )
+    try:
+        assert imports_of(module) == {
+            "toolgym.agents.rollout",
+            "toolgym.envs.core",
+            "toolgym.algorithms.grpo",
+        }
+    finally:
+        module.unlink()
+
+
+def test_a_sandbox_worker_imports_no_heavy_library():
+    """Importing the worker and a built-in environment (what a worker does) loads only the
+    standard library: a minimal image, and a fast start, need nothing else."""
+    import subprocess
+    import sys
+
+    heavy = ("numpy", "gymnasium", "torch", "transformers", "pydantic", "datasets", "vllm")
+    code = (
+        "import sys, toolgym.sandbox.worker, toolgym.envs.python_repl, toolgym.envs.wordle\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r}))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert loaded == "[]", loaded

@@ -37,6 +37,14 @@ def test_readme_block_runs(index, capsys):
         assert "Guess 1/6: S(gray) L(gray) A(green) T(gray) E(green)" in capsys.readouterr().out
 
 
+def test_readme_registration_block_makes_with_overrides():
+    namespace: dict = {"my_dataset_builder": lambda n, seed: [{"prompt": "go"}] * n}
+    exec(compile(next(b for b in BLOCKS if "class Countdown" in b), "README", "exec"), namespace)
+    block = next(b for b in BLOCKS if 'register("myorg/Countdown-v0"' in b)
+    exec(compile(block, "README.md registration", "exec"), namespace)
+    assert namespace["env"].max_turns == 4
+
+
 def test_readme_custom_environment_plays():
     namespace: dict = {}
     block = next(b for b in BLOCKS if "class Countdown" in b)

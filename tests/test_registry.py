@@ -11,6 +11,7 @@ import gymnasium
 import pytest
 
 import toolgym
+import toolgym.gym
 from toolgym import registry
 
 

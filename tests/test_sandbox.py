@@ -453,3 +453,22 @@ def test_a_pool_of_an_environment_that_runs_model_code_never_reuses_a_worker():
         second.close()
     with SandboxPool(Misbehaving, backend="process", size=1) as pool:
         assert pool.max_uses == 0  # environments that run no model code are reused
+
+
+@pytest.mark.parametrize("where", BACKENDS)
+def test_a_seed_draws_the_same_episode_in_a_sandbox_and_here(where):
+    """A group resets its members with one seed: sandboxed or not, they start alike (the
+    worker passes the seed through the class's reset wrapper), and a limit set by reset
+    holds there too."""
+    from sandbox_envs import Seeded
+
+    local = toolgym.as_environment(Seeded())
+    remote = sandboxed(Seeded, {}, where)
+    try:
+        firsts = [env.reset(seed=7, turns=2) for env in (local, remote, local)]
+        assert firsts[0] == firsts[1] == firsts[2]
+        assert remote.reset(seed=8) != firsts[0]
+        remote.reset(seed=7, turns=2)
+        assert [remote.step(toolgym.ToolCall("draw")).truncated for _ in range(2)] == [False, True]
+    finally:
+        remote.close()

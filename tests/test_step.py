@@ -250,3 +250,75 @@ def test_nothing_the_model_sends_raises(calls):
     assert len(result.messages) == len(calls)
     assert all(m["role"] == "tool" and isinstance(m["content"], str) for m in result.messages)
     assert result.info["tool_failures"] == sum(not r.ok for r in result.results)
+
+
+class Dice(toolgym.Environment):
+    """Seeded state, a limit set by reset, and a copy that must step on its own."""
+
+    def reset(self, turns: int = 2) -> str | None:
+        self.max_turns = turns
+        self.rolls = [self.rng.randint(1, 6) for _ in range(3)]
+        return str(self.rolls)
+
+    def roll(self) -> int:
+        """Roll the die."""
+        return self.rng.randint(1, 6)
+
+
+def test_max_turns_set_by_reset_truncates():
+    env = Dice()
+    env.reset(turns=2, seed=0)
+    results = [env.step(ToolCall("roll")) for _ in range(3)]
+    assert [r.truncated for r in results] == [False, True, True]
+    assert results[2].info["failures"][0]["kind"] == "episode_over"
+    env.reset(turns=3, seed=0)
+    assert [env.step(ToolCall("roll")).truncated for _ in range(3)] == [False, False, True]
+
+
+def test_copies_and_pickles_step_on_their_own():
+    import copy
+    import pickle
+
+    env = Dice()
+    env.reset(turns=5, seed=3)
+    env.step(ToolCall("roll"))
+    for twin in (copy.copy(env), copy.deepcopy(env), pickle.loads(pickle.dumps(env))):
+        assert twin.turn == 1 and twin.rolls == env.rolls
+        twin.step(ToolCall("roll"))
+        assert (twin.turn, env.turn) == (2, 1)  # the copy counted its own turn
+
+
+def test_turn_can_be_set_from_a_tool_or_reset():
+    env = Dice()
+    env.reset(seed=0)
+    env.turn = 1
+    assert env.step(ToolCall("roll")).truncated  # 2 turns: this was the last
+
+
+def test_a_plain_class_done_flag_is_cleared_by_reset():
+    class Coin:
+        def reset(self, **kwargs):
+            return "flip"
+
+        def flip(self) -> str:
+            """Flip once; the game ends."""
+            self.done = True
+            return "heads"
+
+    env = toolgym.as_environment(Coin())
+    for _ in range(2):
+        env.reset()
+        assert env.step(ToolCall("flip")).messages[0]["content"] == "heads"
+
+
+def test_an_async_reset_is_awaited():
+    class Later(toolgym.Environment):
+        async def reset(self) -> str:
+            await asyncio.sleep(0)
+            return "ready"
+
+        def act(self) -> str:
+            """Act."""
+            return "done"
+
+    assert Later().reset(seed=0) == "ready"

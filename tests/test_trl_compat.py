@@ -8,6 +8,7 @@ import gymnasium
 import pytest
 
 import toolgym
+import toolgym.gym
 from toolgym import ToolCall
 
 

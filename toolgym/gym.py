@@ -1,5 +1,12 @@
 """`GymnasiumEnv`: any toolgym environment as a `gymnasium.Env` with text spaces.
 
+`import toolgym.gym` registers every toolgym id under gymnasium's `toolgym/` namespace:
+
+    import gymnasium
+    import toolgym.gym  # noqa: F401
+    env = gymnasium.make("toolgym/Wordle-v0")   # or, without the import:
+    env = gymnasium.make("toolgym.gym:toolgym/Wordle-v0")
+
 Observations are text: at reset, the row's prompt and what `reset` returned; after a step, the
 tool results. An action is the assistant's text: `<tool_call>{"name": ..., "arguments": ...}
 </tool_call>` blocks, or a JSON tool call, or a JSON list of them. Text with no tool call is the
@@ -18,7 +25,7 @@ from gymnasium import spaces
 
 from toolgym.agents.parsers.json_formats import parse_hermes
 from toolgym.envs.calls import MalformedToolCall, ToolCall, tool_call_from_dict
-from toolgym.registry import spec
+from toolgym.registry import EnvSpec, on_register, spec
 
 Row = dict[str, Any]
 
@@ -158,3 +165,18 @@ def _prompt_text(prompt: Any) -> str:
     if isinstance(prompt, str):
         return prompt
     return "\n\n".join(m["content"] for m in prompt if m.get("role") in ("system", "user"))
+
+
+def _register_gymnasium_id(env_spec: EnvSpec) -> None:
+    gym_id = env_spec.gymnasium_id
+    gymnasium.registry.pop(gym_id, None)  # re-registration replaces, like toolgym's own
+    gymnasium.register(
+        id=gym_id,
+        entry_point="toolgym.gym:make_gymnasium_env",
+        kwargs={"toolgym_id": env_spec.id},
+    )
+
+
+# Importing this module gives every toolgym id, present and future, a gymnasium id (gymnasium
+# 1.x has no plugin discovery; like other packages, toolgym registers when imported).
+on_register(_register_gymnasium_id)

@@ -1,8 +1,9 @@
 """Environments by name: `register`, `make`, `spec`, `list_envs`, and third-party entry points.
 
-Ids look like `Wordle-v0` or, with a namespace, `myorg/Wordle-v0`. Every registered id is also
-a gymnasium id: `gymnasium.make("toolgym/Wordle-v0")` after `import toolgym` (gymnasium's own
-id grammar allows one `/`, so `myorg/Wordle-v0` becomes `toolgym/myorg.Wordle-v0`).
+Ids look like `Wordle-v0` or, with a namespace, `myorg/Wordle-v0`. Once `toolgym.gym` is
+imported, every registered id is also a gymnasium id: `gymnasium.make("toolgym/Wordle-v0")`
+(gymnasium's own id grammar allows one `/`, so `myorg/Wordle-v0` becomes
+`toolgym/myorg.Wordle-v0`); `gymnasium.make("toolgym.gym:toolgym/Wordle-v0")` imports it.
 
 Third-party packages declare entry points in the group `toolgym.envs`, read the first time the
 registry misses an id or lists ids:
@@ -17,7 +18,6 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.metadata
-import importlib.util
 import re
 import warnings
 from collections.abc import Callable
@@ -159,7 +159,8 @@ def register(
         warnings.warn(f"Overriding environment {id!r} already in the registry.", stacklevel=2)
     spec = EnvSpec(id, entry_point, dict(defaults), dataset, description, sandbox)
     _registry[id] = spec
-    _register_with_gymnasium(spec)
+    for listener in _listeners:
+        listener(spec)
     return spec
 
 
@@ -245,22 +246,15 @@ def _same_family(env_id: str, namespace: str | None, name: str) -> bool:
     return other_namespace == namespace and other_name.lower() == name.lower()
 
 
-def _register_with_gymnasium(spec: EnvSpec) -> None:
-    """Also register `spec` as the gymnasium id `toolgym/...` (by name: gymnasium imports
-    toolgym.gym only when such an id is made)."""
-    if not _HAS_GYMNASIUM:
-        return
-    import gymnasium
-
-    gym_id = spec.gymnasium_id
-    gymnasium.registry.pop(gym_id, None)  # re-registration replaces, like ours
-    gymnasium.register(
-        id=gym_id, entry_point="toolgym.gym:make_gymnasium_env", kwargs={"toolgym_id": spec.id}
-    )
+_listeners: list[Callable[[EnvSpec], None]] = []
 
 
-_HAS_GYMNASIUM = importlib.util.find_spec("gymnasium") is not None
-"""A sandbox worker's image has no gymnasium: its ids are registered only where it exists."""
+def on_register(listener: Callable[[EnvSpec], None]) -> None:
+    """Call `listener(spec)` for every registered id, now and on each later `register`
+    (`toolgym.gym` uses it to give each id a gymnasium id)."""
+    _listeners.append(listener)
+    for spec in list(_registry.values()):
+        listener(spec)
 
 
 # The built-in environments.

@@ -3,18 +3,19 @@
 An environment is one episode's worth of state. `reset(**row)` starts an episode from a
 dataset row; every public method is a tool the model may call. Stepping (argument checks,
 turns, error messages) is not the class's job: `step` / `astep` / `tools` go through the
-instance's own `Stepper` (`toolgym.envs.stepping`), the same object that steps plain classes
-and sandboxed instances.
+instance's own `Stepper` (`toolgym.envs.stepping`), the class that also steps plain classes
+(over a `LocalExecutor`) and sandboxed instances (over a `RemoteExecutor`).
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import random
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from toolgym.envs.calls import AnyToolCall, StepResult, ToolCall, accepted_kwargs
+from toolgym.envs.calls import AnyToolCall, StepResult, ToolCall, accepted_kwargs, run_coroutine
 from toolgym.envs.stepping import LocalExecutor, Stepper
 
 
@@ -40,6 +41,13 @@ class Environment:
     reward: float = 0.0
     done: bool = False
     max_turns: int | None = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Environment:
+        # The instance's Stepper exists from the start (also when a subclass's __init__ does
+        # not call super().__init__, and without a race between threads).
+        instance = super().__new__(cls)
+        instance._stepper = Stepper(LocalExecutor(instance))
+        return instance
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -89,9 +97,21 @@ class Environment:
     @property
     def stepper(self) -> Stepper:
         """The `Stepper` that steps this instance in this process."""
-        if "_stepper" not in self.__dict__:
-            self._stepper = Stepper(LocalExecutor(self))
         return self._stepper
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy or a pickle gets a Stepper of its own (one pointing at the original would
+        # step the original), with the same turn count.
+        state = self.__dict__.copy()
+        stepper = state.pop("_stepper")
+        state["_stepper_counts"] = (stepper.turn, stepper.truncated, stepper.started)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        counts = state.pop("_stepper_counts", None)
+        self.__dict__.update(state)
+        if counts is not None:
+            self._stepper.turn, self._stepper.truncated, self._stepper.started = counts
 
     def step(self, tool_calls: AnyToolCall | Iterable[AnyToolCall]) -> StepResult:
         """Run one turn's tool calls in order and answer each with a tool message."""
@@ -111,10 +131,18 @@ class Environment:
         """Turns taken in this episode."""
         return self.stepper.turn
 
+    @turn.setter
+    def turn(self, value: int) -> None:
+        self.stepper.turn = value
+
     @property
     def truncated(self) -> bool:
         """Whether the episode reached `max_turns` without the environment ending it."""
         return self.stepper.truncated
+
+    @truncated.setter
+    def truncated(self, value: bool) -> None:
+        self.stepper.truncated = value
 
     def _start_episode(self, seed: int | None) -> None:
         self._rng = random.Random(seed)
@@ -130,6 +158,15 @@ def _with_episode_start(reset: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(reset)
     def reset_episode(self: Environment, seed: int | None = None, **row: Any) -> str | None:
         self._start_episode(seed)
-        return reset(self, **pass_kwargs({**row, "seed": seed}))
+        observation = reset(self, **pass_kwargs({**row, "seed": seed}))
+        return run_coroutine(observation) if inspect.iscoroutine(observation) else observation
 
+    # What callers see (functools.wraps would show the override's): the seed and any column.
+    reset_episode.__signature__ = _RESET_SIGNATURE  # type: ignore[attr-defined]
     return reset_episode
+
+
+def _reset_signature(self: Environment, seed: int | None = None, **row: Any) -> str | None: ...
+
+
+_RESET_SIGNATURE = inspect.signature(_reset_signature)

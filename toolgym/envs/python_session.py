@@ -14,7 +14,7 @@ namespace:
 The session process has no descriptor but its own socket (stdin, stdout and stderr are
 /dev/null; what the code prints is captured there, cut to `output_limit`, and sent back), an
 environment of PATH/HOME/LANG only, and imports nothing from toolgym or the environment
-(`python -I executor.py`). Inside a worker it inherits the worker's limits and walls; the
+(`python -I python_session.py`). Inside a worker it inherits the worker's limits and walls; the
 worker makes itself untraceable (`make_untraceable`), so the code cannot read or write the
 worker's memory or descriptors through ptrace or /proc. Sessions start either directly, or,
 in a process-backend worker that may not create processes (seccomp), forked from a *zygote*
@@ -487,7 +487,7 @@ def _main(argv: list[str]) -> None:
         make_untraceable()  # a leftover of another session cannot read this one
         _serve_session(fd)
     else:
-        raise SystemExit(f"usage: executor.py --zygote FD | --session FD (got {role})")
+        raise SystemExit(f"usage: python_session.py --zygote FD | --session FD (got {role})")
 
 
 if __name__ == "__main__":

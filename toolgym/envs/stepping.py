@@ -14,6 +14,7 @@ sandbox room's `RemoteExecutor` in a worker process or a container.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterable
 from typing import Any, Protocol
 
@@ -81,14 +82,24 @@ class LocalExecutor(Executor):
             )
         self.instance = instance
         self.target = type(instance)
-        self.max_turns = getattr(instance, "max_turns", None)
-        self._accepted = accepted_kwargs(instance.reset)
+
+    @property
+    def max_turns(self) -> int | None:
+        """The instance's `max_turns`, read live (its `reset` may set it)."""
+        return getattr(self.instance, "max_turns", None)
+
+    @max_turns.setter
+    def max_turns(self, value: int | None) -> None:
+        self.instance.max_turns = value
 
     def reset(self, row: dict[str, Any]) -> str | None:
-        observation = self.instance.reset(**self._accepted(row))
-        if asyncio.iscoroutine(observation):
-            observation = run_coroutine(observation)
-        return observation
+        """Call the instance's `reset` with the columns it accepts (a plain class's `done`
+        is cleared first, as an `Environment` clears its own)."""
+        if hasattr(self.instance, "done"):
+            with contextlib.suppress(AttributeError):  # a read-only property
+                self.instance.done = False
+        observation = self.instance.reset(**accepted_kwargs(self.instance.reset)(row))
+        return _resolved(observation)
 
     def run(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
         return self._prepared(call, arguments).run()
@@ -119,7 +130,12 @@ class LocalExecutor(Executor):
 
     def _optional(self, name: str, *args: Any) -> Any:
         method = getattr(self.instance, name, None)
-        return method(*args) if callable(method) else None
+        return _resolved(method(*args)) if callable(method) else None
+
+
+def _resolved(value: Any) -> Any:
+    """`value`, or what it resolves to if it is a coroutine (async protocol methods)."""
+    return run_coroutine(value) if asyncio.iscoroutine(value) else value
 
 
 class Stepper:
@@ -135,7 +151,8 @@ class Stepper:
         self.executor = executor
         self.turn = 0
         self.truncated = False
-        self._started = False
+        self.started = False
+        """Whether an episode was started (stepping before `reset` is a programming error)."""
 
     # -- the episode ---------------------------------------------------------------------------
     def reset(self, seed: int | None = None, **row: Any) -> str | None:
@@ -147,7 +164,7 @@ class Stepper:
 
     def begin_episode(self) -> None:
         """Clear the turn count (called by `reset`, and by `Environment.reset` itself)."""
-        self.turn, self.truncated, self._started = 0, False, True
+        self.turn, self.truncated, self.started = 0, False, True
 
     @property
     def tools(self) -> list[dict[str, Any]]:
@@ -163,6 +180,10 @@ class Stepper:
     def max_turns(self) -> int | None:
         """The environment's own turn limit (None: none)."""
         return self.executor.max_turns
+
+    @max_turns.setter
+    def max_turns(self, value: int | None) -> None:
+        self.executor.max_turns = value
 
     @property
     def reward(self) -> float:
@@ -227,7 +248,7 @@ class Stepper:
     def _begin_step(
         self, tool_calls: AnyToolCall | Iterable[AnyToolCall]
     ) -> tuple[list[ToolCall | MalformedToolCall], float]:
-        if not self._started:
+        if not self.started:
             raise RuntimeError(f"{self.executor.target.__name__}: call reset() before step()")
         calls = as_call_list(tool_calls)
         if not self._is_over():
@@ -293,10 +314,7 @@ def as_environment(obj: Any) -> Any:
     tool table is built here, so a method that cannot be a tool fails now, naming it."""
     if isinstance(obj, Stepper):
         return obj
-    stepper = getattr(obj, "stepper", None)
-    if isinstance(stepper, Stepper):
-        tool_table(type(obj))
-        return obj
-    stepper = Stepper(LocalExecutor(obj))
     tool_table(type(obj))
-    return stepper
+    return (
+        obj if isinstance(getattr(obj, "stepper", None), Stepper) else Stepper(LocalExecutor(obj))
+    )

@@ -36,7 +36,6 @@ class Tool:
     function: Callable[..., Any]
     schema: dict[str, Any]
     arguments_model: type[pydantic.BaseModel]
-    is_async: bool
 
     @property
     def signature(self) -> str:
@@ -89,7 +88,6 @@ def make_tool(function: Callable[..., Any], owner: str = "") -> Tool:
         function=function,
         schema=schema,
         arguments_model=_arguments_model(function, parameters, qualified),
-        is_async=inspect.iscoroutinefunction(function),
     )
 
 
@@ -107,7 +105,7 @@ def public_methods(cls: type, exclude: set[str]) -> dict[str, Callable[..., Any]
     return methods
 
 
-PROTOCOL = frozenset(
+RESERVED_NAMES = frozenset(
     {
         "reset",
         "close",
@@ -135,12 +133,12 @@ _tables: weakref.WeakKeyDictionary[type, dict[str, Tool]] = weakref.WeakKeyDicti
 def tool_table(cls: type) -> dict[str, Tool]:
     """The tools of an environment class by name, built once per class (on the host: a
     sandbox worker only runs calls the host checked). Every public method that is not part
-    of the protocol (`PROTOCOL`) is a tool; ToolSchemaError names a method that cannot be."""
+    of the protocol (`RESERVED_NAMES`) is a tool; ToolSchemaError names a method that cannot be."""
     table = _tables.get(cls)
     if table is None:
         table = {
             name: make_tool(function, owner=cls.__name__)
-            for name, function in public_methods(cls, PROTOCOL).items()
+            for name, function in public_methods(cls, RESERVED_NAMES).items()
         }
         _tables[cls] = table
     return table

@@ -1,7 +1,10 @@
-"""The host side of a sandbox: a channel to a worker, and an `Environment` that lives behind it.
+"""The host side of a sandbox: a channel to a worker, and the executor and `Stepper` of the
+environment instance that lives behind it.
 
-`RemoteEnvironment` has the surface of the environment it hosts (`reset`, the same tools and
-schemas, `reward`, `done`, `step`/`astep`, `close`), so agents and trainers use it unchanged.
+`RemoteEnvironment` is a `Stepper` over a `RemoteExecutor`: the stepping surface every
+environment has (`reset`, the class's tools and schemas, `reward`, `done`, `step`/`astep`,
+`close`), so agents and trainers use it unchanged; the instance's own attributes stay in the
+worker.
 The host checks every tool call against the schemas (as for a local environment) and the
 worker only runs calls that passed. Every request has a timeout. A timeout or a dead worker
 raises `SandboxTimeout` / `SandboxError` (the agent ends the episode with `tool_timeout` /
@@ -294,6 +297,7 @@ class RemoteExecutor(Executor):
         state = reply.get("state")
         if state:
             self._done = bool(state.get("done"))
+            self.max_turns = state.get("max_turns", self.max_turns)
             self._reward = float(state.get("reward", self._reward))
             self._reward_error = state.get("reward_error")
         if not reply.get("ok"):
@@ -346,7 +350,22 @@ class RemoteEnvironment(Stepper):
             target, dict(kwargs or {}), backend, call_timeout, start_timeout, channel
         )
         super().__init__(executor)
-        self.target, self.backend, self.pool = target, backend, pool
+        self.backend, self.pool = backend, pool
+
+    @property
+    def target(self) -> type:
+        """The environment class."""
+        return self.executor.target
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        """The class's constructor arguments."""
+        return self.executor.kwargs
+
+    @property
+    def call_timeout(self) -> float:
+        """Seconds one request may take."""
+        return self.executor.call_timeout
 
     def close(self) -> None:
         """Give the instance back to its pool, or stop its worker."""

@@ -30,9 +30,7 @@ A request the worker cannot read gets an error reply with id null; end of input 
 
 from __future__ import annotations
 
-import asyncio
 import importlib
-import inspect
 import json
 import os
 import platform
@@ -152,13 +150,17 @@ class Worker:
         name = request["name"]
         if name not in ("get_reward", "final_answer", "demonstration", "close"):
             raise ValueError(f"{name!r} is not a protocol method")
-        method = getattr(self.executor.instance, name, None)
-        if method is None:
+        executor, args = self.executor, request.get("args", [])
+        if name == "get_reward":
+            return executor.reward()
+        if name == "final_answer":
+            return executor.final_answer(*args)
+        if name == "close":
+            return executor.close()
+        turns = executor.demonstration()
+        if turns is None:
             return None
-        value = _resolve(method(*request.get("args", [])))
-        if name == "demonstration" and value is not None:
-            return [[{"name": c.name, "arguments": c.arguments} for c in turn] for turn in value]
-        return value
+        return [[{"name": c.name, "arguments": c.arguments} for c in turn] for turn in turns]
 
     def _op_ping(self, request: dict[str, Any]) -> str:
         return "pong"
@@ -168,7 +170,10 @@ class Worker:
 
     # -- helpers -----------------------------------------------------------------------------
     def _state(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"done": self.executor.done()}
+        state: dict[str, Any] = {
+            "done": self.executor.done(),
+            "max_turns": self.executor.max_turns,  # live: a reset may set it
+        }
         try:
             state["reward"] = self.executor.reward()
         except Exception as error:
@@ -188,10 +193,6 @@ def _silence_output() -> None:
     os.dup2(null, 1)
     os.dup2(null, 2)
     os.close(null)
-
-
-def _resolve(value: Any) -> Any:
-    return asyncio.run(value) if inspect.iscoroutine(value) else value
 
 
 def _error(error: BaseException) -> dict[str, str]:
@@ -219,7 +220,7 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # as PID 1 (bubblewrap) nothing else kills it
     if os.environ.get("TOOLGYM_NO_NEW_PROCESSES") == "1":
         if os.environ.get("TOOLGYM_CODE_SESSIONS") == "1":
-            start_zygote()  # sessions for model code are forked from it (see executor.py)
+            start_zygote()  # sessions for model code fork from it (envs/python_session.py)
         problem = forbid_new_processes()
         hello["no_new_processes"] = problem is None
         if problem:

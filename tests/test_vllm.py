@@ -126,6 +126,48 @@ def test_changed_weights_change_greedy_output_and_restored_weights_restore_it(ti
     assert restored == original
 
 
+def test_requests_finish_in_their_own_time_and_updates_wait_for_those_in_flight(tiny_vllm):
+    """submit(): a short request submitted with a long one comes back first (continuous
+    batching, not batch-synchronous); a weight update lets the running request finish under
+    the old weights and the next one starts under the new."""
+    import threading
+
+    import torch
+
+    engine, tokenizer, model = tiny_vllm
+    prompt = tokenizer.encode("Let's play Wordle.", add_special_tokens=False)
+
+    def request(max_tokens: int) -> GenerationRequest:
+        return GenerationRequest(prompt, SamplingParams(max_tokens=max_tokens, temperature=0))
+
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    generator = torch.Generator().manual_seed(0)
+    noisy = {k: v + 0.5 * torch.randn(v.shape, generator=generator) for k, v in state.items()}
+    try:
+        engine.update_weights(noisy)  # babbling weights: long greedy outputs
+        long_reference = engine.generate([request(300)])[0]
+        assert len(long_reference.token_ids) > 50, "the setup needs a long greedy output"
+        finished = []
+        long, short = engine.submit(request(300)), engine.submit(request(3))
+        for name, future in (("long", long), ("short", short)):
+            future.add_done_callback(lambda _, name=name: finished.append(name))
+        assert short.result(timeout=120).token_ids == long_reference.token_ids[:3]
+        assert long.result(timeout=120).token_ids == long_reference.token_ids
+        assert finished == ["short", "long"]
+        assert long.result().logprobs == pytest.approx(long_reference.logprobs, abs=1e-4)
+
+        in_flight = engine.submit(request(300))
+        update = threading.Thread(target=engine.update_weights, args=(state,))
+        update.start()
+        update.join(timeout=120)
+        after = engine.submit(request(300)).result(timeout=120)
+        assert in_flight.result(timeout=120).token_ids == long_reference.token_ids  # old weights
+        assert after.token_ids == engine.generate([request(300)])[0].token_ids  # new weights
+        assert after.token_ids != long_reference.token_ids
+    finally:
+        engine.update_weights(state)
+
+
 def _free_port() -> int:
     import socket
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from toolgym.agents.chat import ChatRenderer
 from toolgym.agents.engines.base import Completion, Engine, GenerationRequest, SamplingParams
@@ -98,6 +98,25 @@ class RequestBatcher:
                     future.set_result(completion)
 
 
+class PerRequest:
+    """The scheduler for engines that take one request at a time (`submit`): each episode's
+    request goes to the engine the moment it is ready, and the episode resumes the moment its
+    own completion is done (vLLM in-process or a server batch them continuously)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def episode_started(self) -> None:
+        """Nothing to count: no request waits for another."""
+
+    def episode_ended(self) -> None:
+        """Nothing to count."""
+
+    async def generate(self, request: GenerationRequest) -> Completion:
+        """The completion of `request`."""
+        return await asyncio.wrap_future(self.engine.submit(request))  # type: ignore[attr-defined]
+
+
 @dataclass
 class Agent:
     """A model that plays environments: tokenizer + parser + engine + limits.
@@ -115,7 +134,12 @@ class Agent:
         chat_template_kwargs: Extra variables for every rendering of the template, e.g.
             `{"enable_thinking": False}`; detection (`parser="auto"`) renders with them too.
         batch_wait: Longest time (seconds) a generation request waits for other episodes to
-            join its batch; episodes still running tools after it are not waited for.
+            join its batch (the "batch" scheduler); episodes still running tools after it are
+            not waited for.
+        scheduler: "continuous": every request goes to the engine on its own and its episode
+            resumes as soon as it is done (engines with `submit`: vLLM, a vLLM server);
+            "batch": pending requests go as one batch and wait for all of it (any engine);
+            "auto": continuous where the engine can.
         tool_threads: Threads for sync tools and `reset` in `run` (with `arun`, they run in
             the caller's loop's default executor).
     """
@@ -130,6 +154,7 @@ class Agent:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     batch_wait: float = 0.01
     tool_threads: int = 64
+    scheduler: Literal["auto", "continuous", "batch"] = "auto"
 
     def __post_init__(self) -> None:
         self.renderer = ChatRenderer(
@@ -167,6 +192,16 @@ class Agent:
 
         return run_coroutine(with_tool_threads())
 
+    def _scheduler(self) -> PerRequest | RequestBatcher:
+        continuous = self.scheduler == "continuous" or (
+            self.scheduler == "auto" and callable(getattr(self.engine, "submit", None))
+        )
+        if continuous:
+            if not callable(getattr(self.engine, "submit", None)):
+                raise ValueError(f"{type(self.engine).__name__} has no submit(): use 'batch'")
+            return PerRequest(self.engine)
+        return RequestBatcher(self.engine, self.batch_wait, self._engine_thread)
+
     async def arun(
         self,
         envs: Sequence[Any],
@@ -178,7 +213,7 @@ class Agent:
         if len(envs) != len(rows):
             raise ValueError(f"got {len(envs)} environments for {len(rows)} rows")
         seeds = list(seeds) if seeds is not None else [None] * len(rows)
-        batcher = RequestBatcher(self.engine, self.batch_wait, self._engine_thread)
+        batcher = self._scheduler()
 
         async def play(env: Any, row: Row, seed: int | None) -> Trajectory:
             batcher.episode_started()
@@ -199,7 +234,12 @@ class Episode:
     """One environment played to its end; `play()` returns its Trajectory."""
 
     def __init__(
-        self, agent: Agent, env: Any, row: Row, seed: int | None, batcher: RequestBatcher
+        self,
+        agent: Agent,
+        env: Any,
+        row: Row,
+        seed: int | None,
+        batcher: PerRequest | RequestBatcher,
     ) -> None:
         self.agent, self.env, self.batcher = agent, env, batcher
         self.prompt = row.pop("prompt", None)

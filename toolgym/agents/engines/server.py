@@ -17,7 +17,7 @@ import tempfile
 import threading
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +57,30 @@ class VLLMServerEngine:
         self.weights_dir = Path(weights_dir or tempfile.mkdtemp(prefix="toolgym-weights-"))
         self._pool = ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="vllm-client")
         self._update_lock = threading.Lock()
+        self._gate = threading.Condition()  # requests in flight vs a weight update
+        self._in_flight = 0
+        self._updating = False
 
     def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
         """One completion per request, in order (concurrent requests to the server)."""
-        return list(self._pool.map(self._complete, requests))
+        return [future.result() for future in map(self.submit, requests)]
+
+    def submit(self, request: GenerationRequest) -> Future[Completion]:
+        """Send one request now (the server batches it continuously with the others in
+        flight); its completion arrives on the future."""
+        return self._pool.submit(self._gated, request)
+
+    def _gated(self, request: GenerationRequest) -> Completion:
+        with self._gate:
+            while self._updating:
+                self._gate.wait()
+            self._in_flight += 1
+        try:
+            return self._complete(request)
+        finally:
+            with self._gate:
+                self._in_flight -= 1
+                self._gate.notify_all()
 
     def _complete(self, request: GenerationRequest) -> Completion:
         sampling = request.sampling
@@ -86,8 +106,6 @@ class VLLMServerEngine:
 
     def update_weights(self, model_or_state_dict: Any) -> None:
         """Write the weights to `weights_dir` and have the server reload them from there."""
-        from safetensors.torch import save_file
-
         state = (
             model_or_state_dict.state_dict()
             if hasattr(model_or_state_dict, "state_dict")
@@ -95,6 +113,22 @@ class VLLMServerEngine:
         )
         # clone: tied parameters share storage, which safetensors refuses to write twice
         tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in state.items()}
+        # The rule for requests in flight: new ones wait, running ones finish under the old
+        # weights, then the weights change (no completion mixes two policies).
+        with self._gate:
+            self._updating = True
+            while self._in_flight:
+                self._gate.wait()
+        try:
+            self._reload(tensors)
+        finally:
+            with self._gate:
+                self._updating = False
+                self._gate.notify_all()
+
+    def _reload(self, tensors: dict[str, Any]) -> None:
+        from safetensors.torch import save_file
+
         with self._update_lock:
             save_file(tensors, str(self.weights_dir / "model.safetensors"))
             body = {"method": "reload_weights", "kwargs": {"weights_path": str(self.weights_dir)}}

@@ -14,6 +14,7 @@ import gc
 import os
 import threading
 from collections.abc import Iterable
+from concurrent.futures import Future
 from typing import Any
 
 from toolgym.agents.engines.base import Completion, GenerationRequest
@@ -59,6 +60,7 @@ class VLLMEngine:
             llm_kwargs.setdefault("enforce_eager", True)
             llm_kwargs.setdefault("distributed_executor_backend", "uni")
             kv_cache_memory_bytes = kv_cache_memory_bytes or 256 << 20
+        llm_kwargs.setdefault("enable_prefix_caching", True)
         if kv_cache_memory_bytes is not None:
             llm_kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
         from vllm import LLM
@@ -72,46 +74,135 @@ class VLLMEngine:
             **llm_kwargs,
         )
         self.context_length = context_length
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one user of the vLLM engine at a time
+        self._admission = threading.Condition()  # guards the four fields below
+        self._incoming: list[tuple[GenerationRequest, Future[Completion]]] = []
+        self._paused = False
+        self._closed = False
+        self._stepper: threading.Thread | None = None
+        self._running: dict[str, Future[Completion]] = {}  # by vLLM request id (step thread)
+        self._request_ids = 0
 
     def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
         """One completion per request, in order (one batch through vLLM)."""
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         prompts = [TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests]
-        params = [
-            SamplingParams(
-                max_tokens=r.sampling.max_tokens,
-                temperature=r.sampling.temperature,
-                top_p=r.sampling.top_p,
-                stop_token_ids=r.sampling.stop_token_ids,
-                logprobs=0,  # the sampled token's own logprob
-                detokenize=False,
-                skip_special_tokens=False,
-            )
-            for r in requests
-        ]
         with self._lock:
-            outputs = self.llm.generate(prompts, params, use_tqdm=False)
+            self._wait_until_idle()
+            outputs = self.llm.generate(prompts, [_params(r) for r in requests], use_tqdm=False)
         return [_completion(output.outputs[0]) for output in outputs]
 
+    def submit(self, request: GenerationRequest) -> Future[Completion]:
+        """Start one request now; its completion arrives on the future the moment it is done.
+
+        Requests join vLLM's running batch between engine steps (continuous batching), so a
+        short completion never waits for a long one submitted with it.
+        """
+        future: Future[Completion] = Future()
+        with self._admission:
+            if self._closed:
+                raise RuntimeError("the engine is closed")
+            self._incoming.append((request, future))
+            self._admission.notify_all()
+            if self._stepper is None:
+                self._stepper = threading.Thread(
+                    target=self._step_loop, name="toolgym-vllm-steps", daemon=True
+                )
+                self._stepper.start()
+        return future
+
     def update_weights(self, model_or_state_dict: Any) -> None:
-        """Reload the policy's weights (a model or a state dict with HF parameter names)."""
+        """Reload the policy's weights (a model or a state dict with HF parameter names).
+
+        The rule for requests in flight: new submissions wait, the ones already running finish
+        under the old weights, then the weights change, then the waiting ones start. No
+        completion mixes two policies.
+        """
         state = (
             model_or_state_dict.state_dict()
             if hasattr(model_or_state_dict, "state_dict")
             else model_or_state_dict
         )
         weights = _cpu_weights(state.items())
-        with self._lock:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
-            # Cached prompt KV was computed with the old weights; reusing it would sample the
-            # next rollouts from a mix of old and new policy.
-            self.llm.reset_prefix_cache()
+        with self._admission:
+            self._paused = True
+        try:
+            with self._lock:
+                self._wait_until_idle()
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+                # Cached prompt KV was computed with the old weights; reusing it would sample
+                # the next rollouts from a mix of old and new policy.
+                self.llm.reset_prefix_cache()
+        finally:
+            with self._admission:
+                self._paused = False
+                self._admission.notify_all()
+
+    def _step_loop(self) -> None:
+        """Admit waiting requests, take one engine step, hand out what finished; repeat."""
+        engine = self.llm.llm_engine
+        while True:
+            with self._admission:
+                while (
+                    not self._closed and not self._running and (self._paused or not self._incoming)
+                ):
+                    self._admission.wait()
+                if self._closed:
+                    return
+                admitted = [] if self._paused else self._incoming
+                if admitted:
+                    self._incoming = []
+            with self._lock:
+                for request, future in admitted:
+                    self._admit(engine, request, future)
+                try:
+                    self._step(engine)
+                except Exception as error:  # the engine broke: every waiting episode learns it
+                    for future in self._running.values():
+                        future.set_exception(error)
+                    self._running.clear()
+            with self._admission:
+                self._admission.notify_all()  # an update may be waiting for the engine to drain
+
+    def _admit(self, engine: Any, request: GenerationRequest, future: Future) -> None:
+        from vllm.inputs import TokensPrompt
+
+        self._request_ids += 1
+        request_id = f"toolgym-{self._request_ids}"  # outputs carry this (external) id
+        try:
+            engine.add_request(
+                request_id, TokensPrompt(prompt_token_ids=request.prompt_ids), _params(request)
+            )
+        except Exception as error:  # a bad request fails alone
+            future.set_exception(error)
+            return
+        self._running[request_id] = future
+
+    def _wait_until_idle(self) -> None:
+        """Called holding `_lock` (the step loop steps only under it): let the requests in
+        flight finish before the caller uses the engine for something else."""
+        while self._running:
+            self._step(self.llm.llm_engine)
+
+    def _step(self, engine: Any) -> None:
+        """One engine step (holding `_lock`); finished requests get their completions."""
+        if not self._running:
+            return
+        for output in engine.step():
+            if output.finished:
+                _resolve(self._running.pop(output.request_id), output.outputs[0])
 
     def close(self) -> None:
-        """Shut the engine down and free its memory."""
+        """Shut the engine down and free its memory (requests still running fail)."""
+        with self._admission:
+            self._closed = True
+            self._admission.notify_all()
+        if self._stepper is not None:
+            self._stepper.join()
+        for _, future in [*self._incoming, *((None, f) for f in self._running.values())]:
+            if not future.done():
+                future.set_exception(RuntimeError("the engine was closed"))
         llm, self.llm = self.llm, None
         if llm is not None:
             engine = getattr(llm, "llm_engine", None)
@@ -120,6 +211,27 @@ class VLLMEngine:
                 shutdown()
             del llm
             gc.collect()
+
+
+def _params(request: GenerationRequest) -> Any:
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        max_tokens=request.sampling.max_tokens,
+        temperature=request.sampling.temperature,
+        top_p=request.sampling.top_p,
+        stop_token_ids=request.sampling.stop_token_ids,
+        logprobs=0,  # the sampled token's own logprob
+        detokenize=False,
+        skip_special_tokens=False,
+    )
+
+
+def _resolve(future: Future[Completion], output: Any) -> None:
+    try:
+        future.set_result(_completion(output))
+    except Exception as error:
+        future.set_exception(error)
 
 
 def _completion(output: Any) -> Completion:

@@ -1,4 +1,18 @@
-"""Rollout throughput and framework overhead of toolgym's agent loop.
+"""Rollout throughput: toolgym's agent loop against the batch-synchronous scheduler it
+replaced, TRL's generation path, and the engine's own ceiling.
+
+Workloads (`--workload`):
+
+- `heterogeneous`: turn lengths drawn from a wide distribution (10 to 500 tokens, log-uniform)
+  and tool latencies from 0 to 500 ms, 4 turns per episode, a random tiny model (a fixed
+  tool-call parser: every turn calls `wait`). Prints model tokens/s for (a) toolgym per
+  request (the continuous scheduler), (b) the batch-synchronous scheduler (`scheduler="batch"`),
+  (d) the engine alone replaying (a)'s requests at the same concurrency, and the ratios a/b
+  and a/d (the last line reads `a/d R`).
+- `equal`: every turn 64 tokens, every tool 0 ms; the same figures.
+- `wordle` (the original figures, below).
+
+For `wordle`:
 
 Plays Wordle episodes with a model that calls tools every turn (a tiny model trained for a few
 steps on a scripted game, so the figures exercise multi-turn tool use), with tools that answer
@@ -19,6 +33,10 @@ episodes and limits, measured in the same run, and toolgym's throughput as a mul
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import dataclasses
+import math
+import random
 import statistics
 import sys
 import tempfile
@@ -29,10 +47,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import torch
+
 import toolgym
-from toolgym.agents import Agent, AgentLimits, HFEngine, SamplingParams
+from toolgym.agents import Agent, AgentLimits, GenerationRequest, HFEngine, SamplingParams
+from toolgym.agents.parsers import ParsedMessage
+from toolgym.envs.calls import ToolCall
 from toolgym.envs.wordle import Wordle
-from toolgym.testing import tiny_tokenizer
+from toolgym.testing import tiny_model, tiny_tokenizer
 
 Interval = tuple[float, float]
 
@@ -175,6 +197,179 @@ def run_trl(episodes: int, delay: float, tokenizer, model) -> float:
     return episodes / wall
 
 
+# -- the synthetic workloads ---------------------------------------------------------------------
+SYNTHETIC_TURNS = 4
+
+
+class WaitingGame(toolgym.Environment):
+    """One tool, `wait`, that sleeps a latency drawn per episode and turn."""
+
+    max_turns = SYNTHETIC_TURNS
+
+    def __init__(self, latencies: tuple[float, float] = (0.0, 0.5)) -> None:
+        self.low, self.high = latencies
+
+    def reset(self, index: int = 0) -> str | None:
+        self.draw = random.Random(index)
+        return f"Episode {index}: call wait."
+
+    def wait(self) -> str:
+        """Wait for the world."""
+        time.sleep(self.draw.uniform(self.low, self.high))
+        return "waited"
+
+
+def always_wait(text: str) -> ParsedMessage:
+    """A parser for a random model: every turn is a call of `wait`."""
+    return ParsedMessage("", [ToolCall("wait", {})])
+
+
+class VaryingLengths:
+    """Wraps an engine: each request's length is drawn from its prompt (so both schedulers
+    see the same lengths), and the turn ends there, as if the model had written its end of
+    turn: the engine generates that many tokens and the last one becomes the stop token.
+    Every request is recorded for the replay (d)."""
+
+    def __init__(self, engine, lengths: tuple[int, int]) -> None:
+        self.engine, self.lengths = engine, lengths
+        self.context_length = engine.context_length
+        self.requests: list[GenerationRequest] = []
+        self.in_flight, self.changes = 0, []  # (time, requests in flight) at every change
+        self._lock = threading.Lock()
+
+    def _count(self, delta: int) -> None:
+        with self._lock:
+            self.in_flight += delta
+            self.changes.append((time.perf_counter(), self.in_flight))
+
+    def mean_in_flight(self) -> float:
+        """Time-weighted mean of the requests in flight over the recorded changes."""
+        pairs = list(zip(self.changes, self.changes[1:], strict=False))
+        span = self.changes[-1][0] - self.changes[0][0]
+        return sum((b[0] - a[0]) * a[1] for a, b in pairs) / span
+
+    def _varied(self, request: GenerationRequest) -> GenerationRequest:
+        low, high = self.lengths
+        draw = random.Random(hash(tuple(request.prompt_ids)))
+        tokens = round(math.exp(draw.uniform(math.log(low), math.log(high))))
+        sampling = dataclasses.replace(request.sampling, max_tokens=tokens)
+        varied = GenerationRequest(request.prompt_ids, sampling)
+        self.requests.append(varied)
+        return varied
+
+    @staticmethod
+    def _ended(request: GenerationRequest, completion):
+        stop = request.sampling.stop_token_ids[:1]
+        if completion.finish_reason == "length" and stop:
+            ids = [*completion.token_ids[:-1], stop[0]]
+            return type(completion)(ids, completion.logprobs, "stop")
+        return completion
+
+    def generate(self, requests):
+        varied = [self._varied(r) for r in requests]
+        self._count(len(varied))
+        completions = self.engine.generate(varied)
+        self._count(-len(varied))
+        return [self._ended(r, c) for r, c in zip(varied, completions, strict=True)]
+
+    def submit(self, request):
+        varied = self._varied(request)
+        ended: concurrent.futures.Future = concurrent.futures.Future()
+
+        def finish(future) -> None:
+            self._count(-1)
+            try:
+                ended.set_result(self._ended(varied, future.result()))
+            except Exception as error:
+                ended.set_exception(error)
+
+        self._count(1)
+        self.engine.submit(varied).add_done_callback(finish)
+        return ended
+
+    def update_weights(self, weights) -> None:
+        self.engine.update_weights(weights)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+WORKLOADS = {"heterogeneous": ((10, 500), (0.0, 0.5)), "equal": ((64, 64), (0.0, 0.0))}
+
+
+def synthetic(engine_name: str, workload: str, episodes: int) -> dict[str, float]:
+    """Model tokens/s of (a) per request, (b) batch-synchronous, (d) the engine alone."""
+    lengths, latencies = WORKLOADS[workload]
+    tokenizer = tiny_tokenizer()
+    model = tiny_model(tokenizer, seed=3, hidden_size=128)
+    with torch.no_grad():  # special tokens score 0: greedy never ends a turn before its length
+        model.get_output_embeddings().weight[tokenizer.all_special_ids] = 0.0
+    folder = tempfile.mkdtemp(prefix="toolgym-bench-")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    if engine_name == "vllm":
+        from toolgym.agents import VLLMEngine
+
+        base = VLLMEngine(folder, context_length=4096, dtype="float32")
+    else:
+        base = HFEngine(model, tokenizer)
+    engine = VaryingLengths(base, lengths)
+    rows = [{"prompt": "Play.", "index": i} for i in range(episodes)]
+    figures = {}
+    for label, scheduler in (("a", "continuous"), ("b", "batch")):
+        if scheduler == "continuous" and not hasattr(base, "submit"):
+            continue
+        agent = Agent(
+            engine,
+            tokenizer,
+            parser=always_wait,
+            sampling=SamplingParams(temperature=0),
+            limits=AgentLimits(
+                max_turns=SYNTHETIC_TURNS, max_new_tokens=512, max_episode_tokens=8192
+            ),
+            scheduler=scheduler,
+        )
+        agent.run([WaitingGame(latencies) for _ in rows], rows)  # warm-up
+        engine.requests.clear()
+        engine.changes.clear()
+        started = time.perf_counter()
+        trajectories = agent.run([WaitingGame(latencies) for _ in rows], rows)
+        wall = time.perf_counter() - started
+        tokens = sum(sum(s.loss_mask) for t in trajectories for s in t.samples())
+        figures[label] = tokens / wall
+        if label == "a":
+            replay, mean = list(engine.requests), engine.mean_in_flight()
+        print(
+            f"({label}) toolgym {scheduler:10} {engine_name:4} {workload}: {episodes} episodes, "
+            f"{tokens} model tokens in {wall:6.2f} s = {figures[label]:7.1f} tokens/s, "
+            f"{engine.mean_in_flight():.1f} requests in flight on average"
+        )
+    if "a" in figures:
+        concurrency = max(1, round(mean))
+        figures["d_mean"] = replay_alone(base, replay, concurrency)
+        print(f"(d) engine alone, {concurrency} in flight (a's mean): {figures['d_mean']:7.1f}")
+        figures["d"] = replay_alone(base, replay, episodes)
+        print(f"(d) engine alone, {episodes} in flight (one per episode): {figures['d']:7.1f}")
+    base.close()
+    return figures
+
+
+def replay_alone(engine, requests: list[GenerationRequest], concurrency: int) -> float:
+    """The engine's tokens/s on `requests` with `concurrency` in flight and nothing else."""
+    pending, tokens = list(requests), 0
+    started = time.perf_counter()
+    in_flight = {engine.submit(pending.pop(0)) for _ in range(min(concurrency, len(pending)))}
+    while in_flight:
+        done, in_flight = concurrent.futures.wait(
+            in_flight, return_when=concurrent.futures.FIRST_COMPLETED
+        )
+        for future in done:
+            tokens += len(future.result().token_ids)
+            if pending:
+                in_flight.add(engine.submit(pending.pop(0)))
+    return tokens / (time.perf_counter() - started)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -182,7 +377,19 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=32)
     parser.add_argument("--engine", choices=["hf", "vllm"], default="hf")
     parser.add_argument("--no-peer", action="store_true", help="skip the TRL comparison")
+    parser.add_argument(
+        "--workload", choices=["heterogeneous", "equal", "wordle"], default="wordle"
+    )
     args = parser.parse_args()
+    if args.workload != "wordle":
+        figures = synthetic(args.engine, args.workload, args.episodes)
+        if "b" in figures:
+            print(f"a/b {figures['a'] / figures['b']:.2f}")
+        if not args.no_peer:
+            print("a/c: TRL's generation path is measured on the wordle workload (--engine hf)")
+        print(f"a/d at a's mean concurrency {figures['a'] / figures['d_mean']:.2f}")
+        print(f"a/d {figures['a'] / figures['d']:.2f}")
+        return
     from helpers import train_tool_caller
     from trl_peer import qwen2_5_template
 

@@ -76,6 +76,7 @@ def config_from(args: argparse.Namespace) -> GRPOConfig:
         beta=0.0,
         success_threshold=1.0,
         save_steps=0,
+        max_staleness=args.max_staleness,
     )
 
 
@@ -142,6 +143,12 @@ def main() -> None:
         action=argparse.BooleanOptionalAction,
         default=fast_bf16(),
         help="bfloat16 autocast in warm-up and GRPO updates (default: where the hardware has it)",
+    )
+    parser.add_argument(
+        "--max-staleness",
+        type=int,
+        default=0,
+        help="play the next step's rollouts during this step's update (vllm engines only)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-dir", default="runs/wordle")

@@ -305,3 +305,14 @@ def test_several_passes_per_step_make_clipping_act_from_the_second(tokenizer, tm
     assert metrics["clip_fraction/pass3"] > 0.0
     with pytest.raises(ValueError, match="num_iterations"):
         config(tmp_path, num_iterations=0)
+
+
+def test_pipelining_needs_an_engine_with_its_own_weights(tokenizer, tmp_path):
+    with pytest.raises(ValueError, match="max_staleness"):
+        GRPOTrainer(
+            tiny_model(tokenizer),
+            "Wordle-v0",
+            rows(2),
+            args=config(tmp_path, max_staleness=1),
+            tokenizer=tokenizer,
+        )

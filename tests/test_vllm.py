@@ -68,6 +68,46 @@ def test_the_trainer_samples_with_vllm_and_pushes_every_update(tmp_path, lora):
         trainer.engine.close()
 
 
+def test_pipelined_training_stays_within_its_staleness_bound(tmp_path):
+    """max_staleness=1: the rollouts of a step are played while the previous update runs, and
+    no sample is learned from more than one update after the weights that played it."""
+    import toolgym
+    from toolgym.agents.trajectory import load_jsonl
+    from toolgym.algorithms import GRPOConfig, GRPOTrainer
+    from toolgym.testing import tiny_model
+
+    tokenizer = tiny_tokenizer()
+    model = tiny_model(tokenizer, seed=2, hidden_size=128)
+
+    def varied(prompts, completions, trajectories, **_):
+        return [(sum(t.completion_ids) % 101) / 100 for t in trajectories]
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        engine="vllm",
+        max_steps=4,
+        prompts_per_step=1,
+        num_generations=4,
+        micro_batch_size=4,
+        limits=AgentLimits(max_turns=2, max_new_tokens=24, max_episode_tokens=400),
+        parser="hermes",
+        learning_rate=3e-2,
+        progress_bar=False,
+        save_steps=0,
+        max_staleness=1,
+    )
+    rows = list(toolgym.spec("Wordle-v0").dataset(4, seed=0))
+    trainer = GRPOTrainer(model, "Wordle-v0", rows, [varied], args, tokenizer=tokenizer)
+    try:
+        history = trainer.train()
+    finally:
+        trainer.engine.close()
+    staleness = [m["staleness"] for m in history]
+    assert staleness[0] == 0 and max(staleness) == 1, staleness  # the first has nothing before
+    samples = load_jsonl(tmp_path / "samples.jsonl")
+    assert len(samples) == 16 and all(t.metrics["staleness"] <= 1 for t in samples)
+
+
 def scored(trainer, prompt: list[int], completion) -> list[float]:
     """The trainer's model's logprobs of `completion`'s tokens after `prompt`."""
     import torch

@@ -104,6 +104,12 @@ class GRPOConfig:
     the micro-batch's tokens), `dapo` (sum over the step's tokens divided by their count, so
     every token weighs the same however the step is split), `dr_grpo` (sum divided by
     trajectories x `limits.max_episode_tokens`)."""
+    max_staleness: int = 0
+    """Play the rollouts of the next steps while this step's update runs, at most this many
+    updates ahead (off-policy by at most `max_staleness` updates; the importance-sampling
+    correction uses the engine's logprobs). 0: on-policy, each step's rollouts after the
+    previous update. Needs engine="vllm" or "vllm-server"; `staleness` is logged per step
+    and per sample."""
     num_iterations: int = 1
     """Optimizer passes over each step's rollouts (PPO's epochs; GRPO's mu). The ratio's
     denominator (old logprobs) is taken once, before the first pass, so clipping by
@@ -152,6 +158,8 @@ class GRPOConfig:
     def __post_init__(self) -> None:
         if isinstance(self.limits, dict):  # a config read back from JSON
             self.limits = AgentLimits(**self.limits)
+        if self.max_staleness < 0:
+            raise ValueError("max_staleness must be at least 0")
         if self.num_iterations < 1:
             raise ValueError("num_iterations must be at least 1")
         if self.num_generations < 2:

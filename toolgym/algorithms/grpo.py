@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import copy
 import math
+import queue
 import random
 import statistics
+import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +118,14 @@ class GRPOTrainer:
         self.agent = self._make_agent()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.step = 0
+        self._engine_version = 0  # the step whose weights the engine samples from
+        self._last_step_end = 0.0
         self._order: tuple[int, list[int]] = (-1, [])
+        if args.max_staleness and isinstance(self.engine, HFEngine):
+            raise ValueError(
+                "max_staleness > 0 plays rollouts while the update runs, which needs an engine "
+                "with its own copy of the weights: engine='vllm' or 'vllm-server'"
+            )
         self.log = MetricsLog(self.output_dir, args.report_to, args.to_dict())
 
     # -- the loop ---------------------------------------------------------------------------
@@ -133,8 +143,8 @@ class GRPOTrainer:
             self._sync_engine()
         bar = _progress(self.args, self.step, self.accelerator.is_main_process)
         history = []
-        while self.step < self.args.max_steps:
-            metrics = self.training_step()
+        steps = self._pipelined() if self.args.max_staleness else self._on_policy()
+        for metrics in steps:
             history.append(metrics)
             if bar is not None:
                 bar.update(1)
@@ -154,10 +164,20 @@ class GRPOTrainer:
             plot_rewards(self.log.history(), self.output_dir / "rewards.png")
         return history
 
+    def _on_policy(self) -> Iterator[dict[str, Any]]:
+        while self.step < self.args.max_steps:
+            yield self.training_step()
+
     def training_step(self) -> dict[str, Any]:
         """One step: rollouts, rewards, advantages, update, weight sync; returns metrics."""
+        return self._learn(self._rollouts(self.step))
+
+    def _rollouts(self, step: int) -> Rollouts:
+        """Play and score step `step`'s episodes (this process's share) with the engine's
+        current weights."""
         started = time.perf_counter()
-        rows, seeds = self._step_rows()
+        version = self._engine_version
+        rows, seeds = self._step_rows(step)
         share = self._my_share(len(rows))
         mine = [rows[i] for i in share]
         envs: list[Any] = []
@@ -177,6 +197,12 @@ class GRPOTrainer:
             close_all(envs)
         for trajectory, reward in zip(trajectories, rewards, strict=True):
             trajectory.reward = reward
+        return Rollouts(trajectories, sources, share, version, started, rollout_seconds)
+
+    def _learn(self, rollouts: Rollouts) -> dict[str, Any]:
+        """Advantages, the update, the weight sync and the step's metrics, for one batch."""
+        trajectories, share = rollouts.trajectories, rollouts.share
+        staleness = self.step - rollouts.policy_version  # updates since its weights
         everyone = self._gather([(t.reward, self._valid(t)) for t in trajectories])
         advantages, used = group_advantages(
             [r for r, _ in everyone],
@@ -187,31 +213,74 @@ class GRPOTrainer:
         )
         update_started = time.perf_counter()
         loss_stats = self._update(trajectories, advantages[share], used[share], int(used.sum()))
-        self._sync_engine()
         self.step += 1
-        metrics = self._step_metrics(everyone, trajectories, sources, used)
+        self._sync_engine()
+        metrics = self._step_metrics(everyone, trajectories, rollouts.sources, used)
         metrics.update(loss_stats)
         metrics.update(
-            rollout_seconds=rollout_seconds,
+            rollout_seconds=rollouts.seconds,
             update_seconds=time.perf_counter() - update_started,
-            step_seconds=time.perf_counter() - started,
+            step_seconds=time.perf_counter() - max(rollouts.started, self._last_step_end),
             learning_rate=self.scheduler.get_last_lr()[0],
+            staleness=staleness,
         )
+        self._last_step_end = time.perf_counter()
         if self.step % self.args.logging_steps == 0:
             self._log(metrics)
         if self.args.save_samples and self.accelerator.is_main_process:
             for trajectory in trajectories:
-                trajectory.metrics["step"] = self.step
+                trajectory.metrics.update(step=self.step, staleness=staleness)
             save_jsonl(trajectories, self._path("samples.jsonl"), append=True)
         return metrics
 
+    def _pipelined(self) -> Iterator[dict[str, Any]]:
+        """Steps whose rollouts are played while earlier updates run: the rollouts of step n
+        start once update n - max_staleness is done, so no sample is more than
+        `max_staleness` updates old when it is learned from."""
+        batches: queue.Queue[Rollouts | BaseException] = queue.Queue()
+        updated = threading.Condition()
+        stop = threading.Event()
+
+        def produce() -> None:
+            try:
+                for step in range(self.step, self.args.max_steps):
+                    with updated:
+                        updated.wait_for(  # the engine has the weights of that update
+                            lambda step=step: (
+                                self._engine_version >= step - self.args.max_staleness
+                                or stop.is_set()
+                            )
+                        )
+                    if stop.is_set():
+                        return
+                    batches.put(self._rollouts(step))
+            except BaseException as error:  # handed to the learner, which raises it
+                batches.put(error)
+
+        producer = threading.Thread(target=produce, name="toolgym-rollouts", daemon=True)
+        producer.start()
+        try:
+            while self.step < self.args.max_steps:
+                batch = batches.get()
+                if isinstance(batch, BaseException):
+                    raise batch
+                metrics = self._learn(batch)
+                with updated:
+                    updated.notify_all()
+                yield metrics
+        finally:
+            stop.set()
+            with updated:
+                updated.notify_all()
+            producer.join()
+
     # -- pieces -----------------------------------------------------------------------------
-    def _step_rows(self) -> tuple[list[Row], list[int]]:
-        """This step's rows, each repeated `num_generations` times, and one seed per group."""
+    def _step_rows(self, step: int) -> tuple[list[Row], list[int]]:
+        """Step `step`'s rows, each repeated `num_generations` times, and one seed per group."""
         count = self.args.prompts_per_step
         rows, seeds = [], []
         for slot in range(count):
-            index = self.step * count + slot
+            index = step * count + slot
             epoch, position = divmod(index, len(self.train_rows))
             order = self._epoch_order(epoch)
             seed = (self.args.seed * 1_000_003 + index) % 2**31
@@ -464,6 +533,7 @@ class GRPOTrainer:
             self.engine.update_weights(self._unwrapped)
         else:
             self.engine.update_weights(policy_state_dict(self._unwrapped))
+        self._engine_version = self.step
 
     def _make_engine(self) -> Any:
         args = self.args
@@ -484,6 +554,19 @@ class GRPOTrainer:
 
             return VLLMServerEngine(args.vllm_server_url, weights_dir=str(folder))
         raise ValueError(f"unknown engine {args.engine!r}")
+
+
+@dataclass
+class Rollouts:
+    """One step's played and scored episodes (this process's share), before the update."""
+
+    trajectories: list[Trajectory]
+    sources: dict[str, list[float]]
+    share: list[int]
+    policy_version: int
+    """The step whose weights the engine sampled from (later turns may use newer ones)."""
+    started: float
+    seconds: float
 
 
 def _length(sample: Sample) -> int:

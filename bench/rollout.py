@@ -383,8 +383,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.workload != "wordle":
         figures = synthetic(args.engine, args.workload, args.episodes)
-        if "b" in figures:
-            print(f"a/b {figures['a'] / figures['b']:.2f}")
+        if "a" not in figures:
+            print(f"{args.engine}: no per-request engine (submit); (b) is its only scheduler")
+            return
+        print(f"a/b {figures['a'] / figures['b']:.2f}")
         if not args.no_peer:
             print("a/c: TRL's generation path is measured on the wordle workload (--engine hf)")
         print(f"a/d at a's mean concurrency {figures['a'] / figures['d_mean']:.2f}")

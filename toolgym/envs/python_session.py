@@ -41,6 +41,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 import weakref
@@ -205,42 +206,46 @@ def _read_reply(line: bytes, request_id: int, limit: int) -> RunOutput:
 def _start_session() -> _SessionProcess:
     if _zygote is not None:
         return _zygote.fork_session()
+    try:
+        host, popen = _spawn("--session", start_new_session=True)
+    except OSError as error:
+        raise SessionStartError(
+            f"cannot start a process for the model's code ({error.strerror or error}); a "
+            "sandboxed environment that runs model code must declare `runs_model_code = True`"
+        ) from None
+    return _SessionProcess(host, popen.pid, popen)
+
+
+def _spawn(role: str, start_new_session: bool = False) -> tuple[socket.socket, subprocess.Popen]:
+    """This file run as `role` in a fresh interpreter whose only descriptor is one end of a
+    socket pair; the other end, and the process."""
     host, child = socket.socketpair()
     try:
         popen = subprocess.Popen(
-            [sys.executable, "-I", os.path.abspath(__file__), "--session", str(child.fileno())],
+            [sys.executable, "-I", os.path.abspath(__file__), role, str(child.fileno())],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             pass_fds=(child.fileno(),),
             env=_session_environment(),
-            cwd=_temporary_folder(),
-            start_new_session=True,
+            cwd=tempfile.gettempdir(),
+            start_new_session=start_new_session,
         )
-    except OSError as error:
+    except OSError:
         host.close()
-        raise SessionStartError(
-            f"cannot start a process for the model's code ({error.strerror or error}); a "
-            "sandboxed environment that runs model code must declare `runs_model_code = True`"
-        ) from None
+        raise
     finally:
         child.close()
-    return _SessionProcess(host, popen.pid, popen)
+    return host, popen
 
 
 def _session_environment() -> dict[str, str]:
     return {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "HOME": _temporary_folder(),
+        "HOME": tempfile.gettempdir(),
         "LANG": os.environ.get("LANG", "C.UTF-8"),
         "PYTHONDONTWRITEBYTECODE": "1",
     }
-
-
-def _temporary_folder() -> str:
-    import tempfile
-
-    return tempfile.gettempdir()
 
 
 class _Zygote:
@@ -248,19 +253,7 @@ class _Zygote:
     sessions on request and hands their sockets back (SCM_RIGHTS)."""
 
     def __init__(self) -> None:
-        self.sock, child = socket.socketpair()
-        try:
-            self.popen = subprocess.Popen(
-                [sys.executable, "-I", os.path.abspath(__file__), "--zygote", str(child.fileno())],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                pass_fds=(child.fileno(),),
-                env=_session_environment(),
-                cwd=_temporary_folder(),
-            )
-        finally:
-            child.close()
+        self.sock, self.popen = _spawn("--zygote")
 
     def fork_session(self) -> _SessionProcess:
         try:
@@ -373,7 +366,9 @@ def _execute(code: str, namespace: dict[str, Any]) -> Any:
 
 def _cut(text: str, limit: int) -> str:
     """At most `limit` characters of valid Unicode (lone surrogates, e.g. from printing
-    undecodable bytes, become `\\udcff` escapes: a tokenizer must take the text)."""
+    undecodable bytes, become `\\udcff` escapes: a tokenizer must take the text). The same
+    rule as `toolgym.envs.tools.valid_text`, written here because a session imports nothing
+    from toolgym."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

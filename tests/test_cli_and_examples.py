@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -37,24 +38,30 @@ def test_wordle_example_expert_wins_held_out_games():
 @pytest.mark.timeout(900)  # about 3 minutes alone on 2 cores; more when the CPU is shared
 def test_wordle_example_quick_training_run(tmp_path):
     """`python examples/wordle.py --quick`: warm-up, evaluations, GRPO steps, the plot."""
+    command = [sys.executable, str(ROOT / "examples" / "wordle.py"), "--quick"]
+    environment = {**os.environ, "TOOLGYM_CACHE": str(tmp_path / "cache")}
     done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "examples" / "wordle.py"),
-            "--quick",
-            "--output-dir",
-            str(tmp_path),
-        ],
+        [*command, "--output-dir", str(tmp_path / "run")],
         capture_output=True,
         text=True,
         timeout=900,
+        env=environment,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    out = tmp_path / "run"
     assert "before GRPO" in done.stdout and "after GRPO" in done.stdout
-    assert (tmp_path / "rewards.png").stat().st_size > 1000
-    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert "warm-up on 8 expert games" in done.stdout and ", trained:" in done.stdout
+    for line in ("greedy after", "sampled before", "greedy change", "sampled change"):
+        assert line in done.stdout  # the summary table
+    assert "whole run" in done.stdout and "warm-up" in done.stdout  # the stage table
+    assert (out / "rewards.png").stat().st_size > 1000
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]
     assert all(math.isfinite(m["loss"]) for m in metrics)
+    stages = json.loads((out / "stages.json").read_text())["stages"]
+    assert stages["evaluation"]["calls"] == 4 and stages["update"]["calls"] == 2
+    assert all(stage["peak_bytes"] > 0 for stage in stages.values())
+    assert len(list((tmp_path / "cache" / "warmup").iterdir())) == 1  # kept for the next run
 
 
 def test_eval_and_play_with_a_model_folder(tmp_path, capsys):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import pytest
 import torch
@@ -316,3 +317,56 @@ def test_pipelining_needs_an_engine_with_its_own_weights(tokenizer, tmp_path):
             args=config(tmp_path, max_staleness=1),
             tokenizer=tokenizer,
         )
+
+
+def test_warmup_cache_loads_the_same_weights_and_a_changed_setting_misses(tokenizer, tmp_path):
+    def trainer(folder):
+        model = tiny_model(tokenizer, seed=1, hidden_size=64)
+        return GRPOTrainer(model, "Wordle-v0", rows(4), args=config(folder), tokenizer=tokenizer)
+
+    demos, cache = rows(4, seed=9), tmp_path / "cache"
+    first = trainer(tmp_path / "a")
+    losses = first.warmup(demos, SFTConfig(batch_size=2), cache_dir=cache)
+    assert first.warmup_cached_from is None and "warm-up" in first.stages.records
+    second = trainer(tmp_path / "b")
+    assert second.warmup(demos, SFTConfig(batch_size=2), cache_dir=cache) == losses
+    assert second.warmup_cached_from is not None and "warm-up" not in second.stages.records
+    first_state, second_state = first.model.state_dict(), second.model.state_dict()
+    for p, q in zip(first_state.values(), second_state.values(), strict=True):
+        assert torch.equal(p, q)
+    third = trainer(tmp_path / "c")  # another learning rate: trained, not loaded
+    third.warmup(demos, SFTConfig(batch_size=2, learning_rate=3e-4), cache_dir=cache)
+    assert third.warmup_cached_from is None
+    assert len(list((cache / "warmup").iterdir())) == 2
+
+
+def test_time_budget_stops_before_a_step_that_would_not_fit(tokenizer, tmp_path):
+    model = tiny_model(tokenizer, seed=1, hidden_size=64)
+    trainer = GRPOTrainer(
+        model, "Wordle-v0", rows(8), args=config(tmp_path, max_steps=8), tokenizer=tokenizer
+    )
+    step_seconds = statistics.fmean(m["step_seconds"] for m in trainer.train())
+    assert trainer.stopped_by == "max_steps"
+    budget = 2.5 * step_seconds
+    trainer.args.max_seconds, trainer.args.max_steps = budget, 100
+    history = trainer.train()
+    assert 1 <= len(history) < 6 and trainer.stopped_by.startswith("max_seconds")
+    spent = sum(m["step_seconds"] for m in history)
+    assert spent <= budget + max(m["step_seconds"] for m in history)
+    stages = json.loads((tmp_path / "stages.json").read_text())
+    assert stages["stages"]["rollouts"]["calls"] == 8 + len(history)
+    assert stages["stages"]["update"]["peak_bytes"] > 0
+
+
+def test_warmup_micro_batches_accumulate_to_the_same_step(tokenizer, tmp_path):
+    from toolgym.algorithms import demonstrations, warmup_sft
+
+    demos = demonstrations(lambda: toolgym.make("Wordle-v0"), rows(6, seed=9), tokenizer)
+    models = [tiny_model(tokenizer, seed=1, hidden_size=64) for _ in range(2)]
+    runs = [
+        warmup_sft(model, demos, 0, SFTConfig(batch_size=6, micro_batch_size=size, epochs=3))
+        for model, size in zip(models, (6, 2), strict=True)
+    ]
+    assert runs[0] == pytest.approx(runs[1], rel=1e-4)
+    for p, q in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-5)

@@ -2,7 +2,8 @@
 
 `GRPOTrainer` / `RLOOTrainer` run the loop (rollouts, rewards, advantages, update, weight sync);
 `advantages`, `losses`, `batch` and `rewards` are its parts, usable on their own; `sft` is the
-optional warm-up on environment demonstrations.
+optional warm-up on environment demonstrations (`warmup_cache` keeps its results); `stages` times
+and measures the memory of a run's stages.
 """
 
 from toolgym.agents.trajectory import summarize
@@ -14,6 +15,8 @@ from toolgym.algorithms.losses import StepNormalizer, masked_nll, policy_loss, t
 from toolgym.algorithms.rewards import compute_rewards
 from toolgym.algorithms.rloo import RLOOTrainer
 from toolgym.algorithms.sft import demonstrations, warmup_sft
+from toolgym.algorithms.stages import StageClock
+from toolgym.algorithms.warmup_cache import default_cache_dir
 
 __all__ = [
     "GRPOConfig",
@@ -21,10 +24,12 @@ __all__ = [
     "RLOOConfig",
     "RLOOTrainer",
     "SFTConfig",
+    "StageClock",
     "StepNormalizer",
     "TokenBatch",
     "collate",
     "compute_rewards",
+    "default_cache_dir",
     "demonstrations",
     "group_advantages",
     "masked_nll",

@@ -42,6 +42,11 @@ class GRPOConfig:
     """Gradient-norm clip (0 turns it off)."""
     max_steps: int = 100
     """Training steps (optimizer steps)."""
+    max_seconds: float | None = None
+    """A time budget for `train()`: no step starts that would, at the mean duration of the
+    steps so far, end more than this many seconds after `train()` began (the first step
+    always runs; `stopped_by` says why training ended). None: run `max_steps`. With a
+    schedule that decays, `max_steps` still sets its length."""
     prompts_per_step: int = 4
     """Distinct dataset rows per step (per process when several processes run)."""
     num_generations: int = 8
@@ -66,6 +71,11 @@ class GRPOConfig:
     server (`vllm_server_url`)."""
     vllm_server_url: str = "http://127.0.0.1:8000"
     """Base URL of the vLLM server when `engine="vllm-server"`."""
+    kv_cache_tokens: int | None = None
+    """Tokens the in-process vLLM engine's KV cache holds on a CPU (on a GPU vLLM sizes it
+    from `gpu_memory_utilization`). None: enough for the larger of a step's episodes and the
+    evaluation rows to be in flight at once at the full `limits.max_episode_tokens` plus a
+    512-token prompt. A smaller cache queues requests and recomputes earlier turns."""
     parser: str = "auto"
     """Tool-call parser: a name (`toolgym.agents.parsers.PARSERS`), "auto", "tokenizer" or
     "vllm:<name>"."""
@@ -198,8 +208,11 @@ class SFTConfig:
     """Peak learning rate of AdamW (linear decay to 0)."""
     epochs: int = 1
     """Passes over the demonstrations."""
-    micro_batch_size: int = 8
+    batch_size: int = 8
     """Trajectories per optimizer step."""
+    micro_batch_size: int = 2
+    """Trajectories per forward/backward pass (gradients accumulate over the step; the loss
+    does not depend on it, the peak memory does)."""
     max_grad_norm: float = 1.0
     """Gradient-norm clip."""
     logprob_chunk_size: int = 1024

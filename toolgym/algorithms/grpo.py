@@ -44,7 +44,9 @@ from toolgym.algorithms.config import GRPOConfig, SFTConfig
 from toolgym.algorithms.losses import StepNormalizer, policy_loss, token_logprobs
 from toolgym.algorithms.rewards import RewardFunc, compute_rewards
 from toolgym.algorithms.sft import demonstrations, warmup_sft
+from toolgym.algorithms.stages import StageClock
 from toolgym.algorithms.tracking import MetricsLog, plot_rewards
+from toolgym.algorithms.warmup_cache import load_warmup, store_warmup, warmup_key
 from toolgym.algorithms.weights import policy_state_dict, save_policy
 from toolgym.envs.calls import close_all
 
@@ -80,6 +82,8 @@ class GRPOTrainer:
         engine: Any = None,
     ) -> None:
         self.args = args = args or GRPOConfig()
+        self.stages = StageClock()
+        """Wall time and peak memory per stage (model load, warm-up, rollouts, update...)."""
         # cpu=True on a machine without CUDA makes processes started by torchrun or
         # `accelerate launch --multi_gpu` join one gloo group (otherwise each runs alone).
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
@@ -87,8 +91,9 @@ class GRPOTrainer:
         if isinstance(model, str):
             from toolgym.agents.models import load_model, load_tokenizer
 
-            tokenizer = tokenizer or load_tokenizer(model)
-            model = load_model(model)
+            with self.stages.stage("model load"):
+                tokenizer = tokenizer or load_tokenizer(model)
+                model = load_model(model)
         if tokenizer is None:
             raise ValueError("pass the model's tokenizer (tokenizer=...)")
         self.tokenizer = tokenizer
@@ -114,13 +119,19 @@ class GRPOTrainer:
         )
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.output_dir = Path(args.output_dir)
-        self.engine = engine or self._make_engine()
+        with self.stages.stage("engine start"):
+            self.engine = engine or self._make_engine()
         self.agent = self._make_agent()
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.step = 0
         self._engine_version = 0  # the step whose weights the engine samples from
         self._last_step_end = 0.0
         self._order: tuple[int, list[int]] = (-1, [])
+        self.stopped_by = ""
+        """Why the last `train()` ended: "max_steps" or the `max_seconds` budget."""
+        self._train_started, self._train_first_step = 0.0, 0
+        self.warmup_cached_from: Path | None = None
+        """The cache entry the last `warmup()` loaded (None: it trained)."""
         if args.max_staleness and isinstance(self.engine, HFEngine):
             raise ValueError(
                 "max_staleness > 0 plays rollouts while the update runs, which needs an engine "
@@ -142,6 +153,8 @@ class GRPOTrainer:
             )
             self._sync_engine()
         bar = _progress(self.args, self.step, self.accelerator.is_main_process)
+        self._train_started, self._train_first_step = time.perf_counter(), self.step
+        self.stopped_by = ""
         history = []
         steps = self._pipelined() if self.args.max_staleness else self._on_policy()
         for metrics in steps:
@@ -161,12 +174,29 @@ class GRPOTrainer:
             bar.close()
         self.save(self.output_dir / f"checkpoint-{self.step}")
         if self.accelerator.is_main_process:
-            plot_rewards(self.log.history(), self.output_dir / "rewards.png")
+            with self.stages.stage("plot"):
+                plot_rewards(self.log.history(), self.output_dir / "rewards.png")
+            self.stages.save(self.output_dir / "stages.json")
         return history
 
     def _on_policy(self) -> Iterator[dict[str, Any]]:
-        while self.step < self.args.max_steps:
+        while self._next_step_fits():
             yield self.training_step()
+
+    def _next_step_fits(self) -> bool:
+        """Whether another step may start: steps are left and, with `max_seconds`, one more at
+        the mean step time so far ends within the budget. Sets `stopped_by` when not."""
+        if self.step >= self.args.max_steps:
+            self.stopped_by = "max_steps"
+            return False
+        budget, done = self.args.max_seconds, self.step - self._train_first_step
+        if budget is None or done == 0:
+            return True
+        elapsed = time.perf_counter() - self._train_started
+        if elapsed + elapsed / done > budget:
+            self.stopped_by = f"max_seconds ({budget:.0f} s): {done} steps in {elapsed:.0f} s"
+            return False
+        return True
 
     def training_step(self) -> dict[str, Any]:
         """One step: rollouts, rewards, advantages, update, weight sync; returns metrics."""
@@ -183,7 +213,8 @@ class GRPOTrainer:
         envs: list[Any] = []
         try:  # the environments (sandboxes, containers) close on every path
             envs.extend(self.make_env() for _ in share)
-            trajectories = self.agent.run(envs, mine, [seeds[i] for i in share])
+            with self.stages.stage("rollouts"):
+                trajectories = self.agent.run(envs, mine, [seeds[i] for i in share])
             rollout_seconds = time.perf_counter() - started
             rewards, sources = compute_rewards(
                 trajectories,
@@ -212,9 +243,11 @@ class GRPOTrainer:
             scale=self.args.scale_rewards,
         )
         update_started = time.perf_counter()
-        loss_stats = self._update(trajectories, advantages[share], used[share], int(used.sum()))
+        with self.stages.stage("update"):
+            loss_stats = self._update(trajectories, advantages[share], used[share], int(used.sum()))
         self.step += 1
-        self._sync_engine()
+        with self.stages.stage("weight sync"):
+            self._sync_engine()
         metrics = self._step_metrics(everyone, trajectories, rollouts.sources, used)
         metrics.update(loss_stats)
         metrics.update(
@@ -260,7 +293,7 @@ class GRPOTrainer:
         producer = threading.Thread(target=produce, name="toolgym-rollouts", daemon=True)
         producer.start()
         try:
-            while self.step < self.args.max_steps:
+            while self._next_step_fits():
                 batch = batches.get()
                 if isinstance(batch, BaseException):
                     raise batch
@@ -457,7 +490,8 @@ class GRPOTrainer:
         envs: list[Any] = []
         try:
             envs.extend(self.make_env() for _ in rows)
-            trajectories = self.agent.run(envs, rows, list(range(len(rows))))
+            with self.stages.stage("evaluation"):
+                trajectories = self.agent.run(envs, rows, list(range(len(rows))))
         finally:
             self.agent.sampling = sampling
             close_all(envs)
@@ -465,10 +499,64 @@ class GRPOTrainer:
             save_jsonl(trajectories, self._path(samples_file))
         return summarize(trajectories, self.args.success_threshold)
 
-    def warmup(self, rows: Sequence[Row], config: SFTConfig | None = None) -> list[float]:
+    def warmup(
+        self,
+        rows: Sequence[Row],
+        config: SFTConfig | None = None,
+        cache_dir: str | Path | None = None,
+    ) -> list[float]:
         """Supervised warm-up on the environment's demonstrations of `rows` (optional; for
-        models that cannot call tools yet); returns the loss of each step."""
-        demos = demonstrations(
+        models that cannot call tools yet); returns the loss of each step.
+
+        With `cache_dir` (e.g. `toolgym.algorithms.default_cache_dir()`), a warm-up of the same
+        starting weights on the same demonstrations with the same settings is loaded from there
+        instead of being trained again, and a new one is stored; `warmup_cached_from` then
+        names the entry that was loaded (None when the warm-up ran).
+        """
+        config = config or SFTConfig()
+        with self.stages.stage("demonstrations"):
+            demos = self._demonstrations(rows)
+        losses, key, self.warmup_cached_from = None, "", None
+        if cache_dir is not None:
+            with self.stages.stage("warm-up cache"):
+                key = warmup_key(self._unwrapped, demos, config)
+                losses = load_warmup(Path(cache_dir), key, self._unwrapped)
+            if losses is not None:
+                self.warmup_cached_from = Path(cache_dir) / "warmup" / key
+        if losses is None:
+            with self.stages.stage("warm-up"):
+                losses = self._warmup_sft(demos, config)
+            if cache_dir is not None and self.accelerator.is_main_process:
+                with self.stages.stage("warm-up cache"):
+                    store_warmup(Path(cache_dir), key, self._unwrapped, losses)
+        self._unwrapped.eval()
+        if self.ref_model is not None:  # the KL anchors to the policy RL starts from
+            self.ref_model = _frozen_copy(self._unwrapped)
+        with self.stages.stage("weight sync"):
+            self._sync_engine()
+        return losses
+
+    def _warmup_sft(self, demos: list[Trajectory], config: SFTConfig) -> list[float]:
+        steps = config.epochs * -(-len(demos) // config.batch_size)
+        bar = None
+        if self.args.progress_bar and self.accelerator.is_main_process:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=steps, desc="warm-up", unit="step")
+
+        def advance(step: int, loss: float) -> None:
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.3f}")
+
+        try:
+            return warmup_sft(self._unwrapped, demos, self.pad_id, config, on_step=advance)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _demonstrations(self, rows: Sequence[Row]) -> list[Trajectory]:
+        return demonstrations(
             self.make_env,
             [dict(r) for r in rows],
             self.tokenizer,
@@ -478,16 +566,14 @@ class GRPOTrainer:
             chat_template_kwargs=self.args.chat_template_kwargs,
             per_turn=self.agent.renderer.per_turn,
         )
-        losses = warmup_sft(self._unwrapped, demos, self.pad_id, config)
-        self._unwrapped.eval()
-        if self.ref_model is not None:  # the KL anchors to the policy RL starts from
-            self.ref_model = _frozen_copy(self._unwrapped)
-        self._sync_engine()
-        return losses
 
     def save(self, folder: str | Path) -> Path | None:
         """A checkpoint: the main process writes the model, optimizer and schedule; every
         process writes its own random states (each samples with its own seed)."""
+        with self.stages.stage("checkpoint"):
+            return self._save(folder)
+
+    def _save(self, folder: str | Path) -> Path | None:
         self.accelerator.wait_for_everyone()
         if not self.accelerator.is_main_process:
             save_random_states(folder, self.accelerator.process_index)
@@ -548,7 +634,10 @@ class GRPOTrainer:
             # The policy's own dtype: vLLM's "auto" would serve a float32 model in 16 bits,
             # so sampling logprobs would drift from the trainer's.
             dtype = str(self._unwrapped.dtype).removeprefix("torch.")
-            return VLLMEngine(str(folder), dtype=dtype, seed=args.seed)
+            in_flight = max(args.prompts_per_step * args.num_generations, len(self.eval_rows))
+            tokens = args.kv_cache_tokens or in_flight * (args.limits.max_episode_tokens + 512)
+            kv = {} if torch.cuda.is_available() else {"kv_cache_tokens": tokens}
+            return VLLMEngine(str(folder), dtype=dtype, seed=args.seed, **kv)
         if args.engine == "vllm-server":
             from toolgym.agents.engines.server import VLLMServerEngine
 

@@ -22,7 +22,7 @@ from toolgym.agents.rollout import Agent, AgentLimits
 from toolgym.agents.trajectory import Trajectory
 from toolgym.algorithms.batch import collate
 from toolgym.algorithms.config import SFTConfig
-from toolgym.algorithms.losses import masked_nll, token_logprobs
+from toolgym.algorithms.losses import token_logprobs
 from toolgym.envs.calls import close_all
 from toolgym.envs.stepping import as_environment
 
@@ -100,14 +100,15 @@ def warmup_sft(
     config: SFTConfig | None = None,
     on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
-    """Fine-tune `model` in place on the sampled (assistant) tokens of `trajectories`.
+    """Fine-tune `model` in place on the sampled (assistant) tokens of `trajectories`: each
+    optimizer step takes `batch_size` trajectories, in passes of `micro_batch_size` whose
+    gradients add up to the step's mean token loss.
 
     Returns the loss of every optimizer step.
     """
     config = config or SFTConfig()
-    device = next(model.parameters()).device
     order = list(range(len(trajectories)))
-    steps = config.epochs * -(-len(order) // config.micro_batch_size)
+    steps = config.epochs * -(-len(order) // config.batch_size)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 - s / max(steps, 1))
     rng, losses = random.Random(config.seed), []
@@ -115,21 +116,35 @@ def warmup_sft(
     model.train()
     for _ in range(config.epochs):
         rng.shuffle(order)
-        for start in range(0, len(order), config.micro_batch_size):
-            chosen = [trajectories[i] for i in order[start : start + config.micro_batch_size]]
-            batch = collate(chosen, pad_id).to(device)
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bf16):
-                logprobs = token_logprobs(
-                    model, batch.input_ids, batch.attention_mask, config.logprob_chunk_size
-                )
-            loss = masked_nll(logprobs, batch.loss_mask[:, 1:])
-            loss.backward()
+        for start in range(0, len(order), config.batch_size):
+            chosen = [trajectories[i] for i in order[start : start + config.batch_size]]
+            losses.append(_sft_step(model, chosen, pad_id, config))
             torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
             optimizer.step()
             schedule.step()
             optimizer.zero_grad(set_to_none=True)
-            losses.append(loss.item())
             if on_step is not None:
                 on_step(len(losses), losses[-1])
     model.train(was_training)
     return losses
+
+
+def _sft_step(model: Any, chosen: list[Trajectory], pad_id: int, config: SFTConfig) -> float:
+    """Forward and backward passes over one step's trajectories (gradients accumulate);
+    returns the step's loss. Similar lengths share a pass, so little is padding."""
+    device = next(model.parameters()).device
+    chosen = sorted(chosen, key=lambda t: len(t.prompt_ids) + len(t.completion_ids))
+    size = config.micro_batch_size or len(chosen)
+    batches = [collate(chosen[i : i + size], pad_id) for i in range(0, len(chosen), size)]
+    tokens = sum(float(batch.loss_mask[:, 1:].sum()) for batch in batches)
+    total = 0.0
+    for batch in batches:
+        batch = batch.to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bf16):
+            logprobs = token_logprobs(
+                model, batch.input_ids, batch.attention_mask, config.logprob_chunk_size
+            )
+        loss = -(logprobs * batch.loss_mask[:, 1:]).sum() / max(tokens, 1.0)
+        loss.backward()
+        total += loss.item()
+    return total

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,9 +66,17 @@ def _tracker(name: str, output_dir: Path, config: dict[str, Any]) -> Any:
     raise ValueError(f"unknown tracker {name!r}; use trackio, wandb or tensorboard")
 
 
-def plot_rewards(history: list[dict[str, Any]], path: str | Path) -> Path:
+def plot_rewards(
+    history: list[dict[str, Any]],
+    path: str | Path,
+    held_out: Sequence[dict[str, Any]] = (),
+    smoothing: float = 0.8,
+) -> Path:
     """Reward (its own scale: shaped rewards can be small or negative) and success rate (0 to 1)
-    over steps, in two panels of one PNG."""
+    over steps, in two panels of one PNG: each step's value faint, an exponential moving
+    average (`smoothing`, bias-corrected) over it, the logged `eval/` figures, and `held_out`
+    points (dicts with `label`, `step`, `reward`, `success_rate`; points sharing a label are
+    joined, e.g. a before and an after evaluation)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -75,15 +84,32 @@ def plot_rewards(history: list[dict[str, Any]], path: str | Path) -> Path:
     from matplotlib.ticker import MaxNLocator
 
     steps = [h for h in history if "reward" in h]
-    evals = [h for h in history if "eval/reward" in h]
+    x = [h["step"] for h in steps]
     figure, (top, bottom) = plt.subplots(2, 1, sharex=True, figsize=(7, 5), height_ratios=(2, 1))
-    top.plot([h["step"] for h in steps], [h["reward"] for h in steps], label="mean reward")
-    if evals:
-        eval_steps = [h["step"] for h in evals]
-        top.plot(eval_steps, [h["eval/reward"] for h in evals], "o--", label="eval reward")
-    bottom.plot([h["step"] for h in steps], [h["success_rate"] for h in steps], color="C2")
+    for axis, key, name, colour in (
+        (top, "reward", "training reward", "C0"),
+        (bottom, "success_rate", "training success", "C2"),
+    ):
+        values = [h[key] for h in steps]
+        axis.plot(x, values, color=colour, alpha=0.3, linewidth=1)
+        axis.plot(x, smoothed(values, smoothing), color=colour, linewidth=2, label=name)
+        evals = [h for h in history if f"eval/{key}" in h]
+        if evals:
+            eval_x = [h["step"] for h in evals]
+            axis.plot(eval_x, [h[f"eval/{key}"] for h in evals], "o--", label=f"eval {key}")
+        labels = dict.fromkeys(point["label"] for point in held_out)
+        for index, label in enumerate(labels):
+            points = sorted((p for p in held_out if p["label"] == label), key=lambda p: p["step"])
+            axis.plot(
+                [p["step"] for p in points],
+                [p[key] for p in points],
+                "s:",
+                color=f"C{3 + index}",
+                markersize=7,
+                label=f"held-out {label}",
+            )
     top.set_ylabel("reward")
-    top.legend()
+    top.legend(fontsize="small")
     bottom.set_ylabel("success rate")
     bottom.set_ylim(-0.05, 1.05)
     bottom.set_xlabel("step")
@@ -94,3 +120,13 @@ def plot_rewards(history: list[dict[str, Any]], path: str | Path) -> Path:
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return Path(path)
+
+
+def smoothed(values: Sequence[float], weight: float = 0.8) -> list[float]:
+    """Exponential moving average with bias correction (the first points are not pulled
+    towards zero); `weight` 0 returns the values."""
+    average, out = 0.0, []
+    for count, value in enumerate(values, start=1):
+        average = weight * average + (1 - weight) * value
+        out.append(average / (1 - weight**count) if weight < 1 else value)
+    return out

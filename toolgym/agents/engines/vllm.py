@@ -26,6 +26,25 @@ _CPU_ENVIRONMENT = {
 }
 
 
+_MIN_CPU_KV_CACHE = 256 << 20
+
+
+def kv_bytes_per_token(model: str, dtype: str = "auto") -> int:
+    """Bytes of keys and values one token takes in the KV cache of `model` (all layers)."""
+    import torch
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model)
+    config = getattr(config, "text_config", config)
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    if dtype == "auto":
+        dtype = str(getattr(config, "torch_dtype", None) or "float32").removeprefix("torch.")
+    width = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    return 2 * config.num_hidden_layers * kv_heads * head_dim * width
+
+
 def _has_cuda() -> bool:
     import torch
 
@@ -41,6 +60,10 @@ class VLLMEngine:
         dtype: Weights dtype (`"auto"`, `"bfloat16"`, `"float32"`).
         seed: Sampling seed of the engine.
         kv_cache_memory_bytes: KV-cache size; on the CPU defaults to 256 MiB.
+        kv_cache_tokens: KV-cache size in tokens instead (converted with the model's layer and
+            head counts; at least 256 MiB, so that one request of `context_length` fits). Too
+            small a cache costs time, not correctness: requests queue, and the prefix cache
+            (earlier turns of an episode) is evicted and recomputed.
         **llm_kwargs: Anything else `vllm.LLM` accepts (e.g. `gpu_memory_utilization`).
     """
 
@@ -51,15 +74,19 @@ class VLLMEngine:
         dtype: str = "auto",
         seed: int = 0,
         kv_cache_memory_bytes: int | None = None,
+        kv_cache_tokens: int | None = None,
         **llm_kwargs: Any,
     ) -> None:
         cuda = _has_cuda()
+        if kv_cache_tokens is not None:
+            per_token = kv_bytes_per_token(resolve_model(model), dtype)
+            kv_cache_memory_bytes = max(kv_cache_tokens * per_token, _MIN_CPU_KV_CACHE)
         if not cuda:
             for key, value in _CPU_ENVIRONMENT.items():
                 os.environ.setdefault(key, value)
             llm_kwargs.setdefault("enforce_eager", True)
             llm_kwargs.setdefault("distributed_executor_backend", "uni")
-            kv_cache_memory_bytes = kv_cache_memory_bytes or 256 << 20
+            kv_cache_memory_bytes = kv_cache_memory_bytes or _MIN_CPU_KV_CACHE
         llm_kwargs.setdefault("enable_prefix_caching", True)
         if kv_cache_memory_bytes is not None:
             llm_kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes

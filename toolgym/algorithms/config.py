@@ -212,7 +212,7 @@ class SFTConfig:
     """Trajectories per optimizer step."""
     micro_batch_size: int = 2
     """Trajectories per forward/backward pass (gradients accumulate over the step; the loss
-    does not depend on it, the peak memory does)."""
+    does not depend on it, the peak memory does); 0: the whole step in one pass."""
     max_grad_norm: float = 1.0
     """Gradient-norm clip."""
     logprob_chunk_size: int = 1024

@@ -108,15 +108,7 @@ class GRPOTrainer:
         if args.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         self.ref_model = _frozen_copy(model) if args.beta > 0 else None
-        optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad],
-            lr=args.learning_rate,
-            betas=args.adam_betas,
-            weight_decay=args.weight_decay,
-        )
-        self.scheduler = get_scheduler(
-            args.lr_scheduler, optimizer, args.warmup_steps, args.max_steps
-        )
+        optimizer = self._make_optimizer(model)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.output_dir = Path(args.output_dir)
         with self.stages.stage("engine start"):
@@ -132,17 +124,32 @@ class GRPOTrainer:
         self._train_started, self._train_first_step = 0.0, 0
         self.warmup_cached_from: Path | None = None
         """The cache entry the last `warmup()` loaded (None: it trained)."""
+        self.log = MetricsLog(self.output_dir, args.report_to, args.to_dict())
         if args.max_staleness and isinstance(self.engine, HFEngine):
             raise ValueError(
                 "max_staleness > 0 plays rollouts while the update runs, which needs an engine "
                 "with its own copy of the weights: engine='vllm' or 'vllm-server'"
             )
-        self.log = MetricsLog(self.output_dir, args.report_to, args.to_dict())
+
+    def _make_optimizer(self, model: Any) -> torch.optim.Optimizer:
+        """AdamW over the trainable parameters, and its learning-rate schedule."""
+        args = self.args
+        optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=args.learning_rate,
+            betas=args.adam_betas,
+            weight_decay=args.weight_decay,
+        )
+        self.scheduler = get_scheduler(
+            args.lr_scheduler, optimizer, args.warmup_steps, args.max_steps
+        )
+        return optimizer
 
     # -- the loop ---------------------------------------------------------------------------
     def train(self, resume_from_checkpoint: str | Path | None = None) -> list[dict[str, Any]]:
-        """Run `max_steps` steps (from a checkpoint's step when resuming); returns the logged
-        metrics of every step. Writes the reward plot and a final checkpoint."""
+        """Run `max_steps` steps (from a checkpoint's step when resuming), or fewer when the
+        `max_seconds` budget runs out (`stopped_by` says which); returns the logged metrics of
+        every step. Writes the reward plot, `stages.json` and a final checkpoint."""
         if resume_from_checkpoint is not None:
             self.step = load_checkpoint(
                 resume_from_checkpoint,
@@ -184,19 +191,29 @@ class GRPOTrainer:
             yield self.training_step()
 
     def _next_step_fits(self) -> bool:
-        """Whether another step may start: steps are left and, with `max_seconds`, one more at
-        the mean step time so far ends within the budget. Sets `stopped_by` when not."""
+        """Whether the learner starts another step; records in `stopped_by` why not."""
         if self.step >= self.args.max_steps:
             self.stopped_by = "max_steps"
             return False
+        over = self._over_budget(self.step)
+        if over:
+            self.stopped_by = over
+        return not over
+
+    def _over_budget(self, step: int) -> str:
+        """Why step `step` would end past `max_seconds` at the mean step time so far ("" if it
+        would not, or there is no budget). Every process sees the slowest one's clock, so all
+        stop at the same step; with several processes a pipelined producer does not ask (its
+        rollouts may then run up to `max_staleness` steps past the budget)."""
         budget, done = self.args.max_seconds, self.step - self._train_first_step
         if budget is None or done == 0:
-            return True
+            return ""
         elapsed = time.perf_counter() - self._train_started
-        if elapsed + elapsed / done > budget:
-            self.stopped_by = f"max_seconds ({budget:.0f} s): {done} steps in {elapsed:.0f} s"
-            return False
-        return True
+        if self.accelerator.num_processes > 1:  # only the learner asks then (one thread)
+            elapsed = max(self._gather([elapsed]))
+        if elapsed + elapsed / done * (step - self.step + 1) > budget:
+            return f"max_seconds ({budget:.0f} s): {done} steps in {elapsed:.0f} s"
+        return ""
 
     def training_step(self) -> dict[str, Any]:
         """One step: rollouts, rewards, advantages, update, weight sync; returns metrics."""
@@ -270,7 +287,7 @@ class GRPOTrainer:
         """Steps whose rollouts are played while earlier updates run: the rollouts of step n
         start once update n - max_staleness is done, so no sample is more than
         `max_staleness` updates old when it is learned from."""
-        batches: queue.Queue[Rollouts | BaseException] = queue.Queue()
+        batches: queue.Queue[Rollouts | BaseException | str] = queue.Queue()
         updated = threading.Condition()
         stop = threading.Event()
 
@@ -286,6 +303,10 @@ class GRPOTrainer:
                         )
                     if stop.is_set():
                         return
+                    over = self._over_budget(step) if self.accelerator.num_processes == 1 else ""
+                    if over:  # not worth playing: the learner stops here
+                        batches.put(over)
+                        return
                     batches.put(self._rollouts(step))
             except BaseException as error:  # handed to the learner, which raises it
                 batches.put(error)
@@ -297,6 +318,9 @@ class GRPOTrainer:
                 batch = batches.get()
                 if isinstance(batch, BaseException):
                     raise batch
+                if isinstance(batch, str):  # the producer found the budget spent
+                    self.stopped_by = batch
+                    break
                 metrics = self._learn(batch)
                 with updated:
                     updated.notify_all()
@@ -511,12 +535,15 @@ class GRPOTrainer:
         With `cache_dir` (e.g. `toolgym.algorithms.default_cache_dir()`), a warm-up of the same
         starting weights on the same demonstrations with the same settings is loaded from there
         instead of being trained again, and a new one is stored; `warmup_cached_from` then
-        names the entry that was loaded (None when the warm-up ran).
+        names the entry that was loaded (None when the warm-up ran). With several processes
+        the cache is not used (they could disagree on a hit and start from different weights).
         """
         config = config or SFTConfig()
         with self.stages.stage("demonstrations"):
             demos = self._demonstrations(rows)
         losses, key, self.warmup_cached_from = None, "", None
+        if cache_dir is not None and self.accelerator.num_processes > 1:
+            cache_dir = None  # each process would decide alone whether it hits
         if cache_dir is not None:
             with self.stages.stage("warm-up cache"):
                 key = warmup_key(self._unwrapped, demos, config)
@@ -526,7 +553,7 @@ class GRPOTrainer:
         if losses is None:
             with self.stages.stage("warm-up"):
                 losses = self._warmup_sft(demos, config)
-            if cache_dir is not None and self.accelerator.is_main_process:
+            if cache_dir is not None:
                 with self.stages.stage("warm-up cache"):
                     store_warmup(Path(cache_dir), key, self._unwrapped, losses)
         self._unwrapped.eval()
@@ -724,4 +751,5 @@ def _progress(args: GRPOConfig, start: int, main: bool) -> Any:
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=args.max_steps, initial=start, desc="GRPO", unit="step")
+    total = None if args.max_seconds is not None else args.max_steps  # a budget: no known end
+    return tqdm(total=total, initial=start, desc="GRPO", unit="step")

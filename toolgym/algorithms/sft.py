@@ -107,6 +107,12 @@ def warmup_sft(
     Returns the loss of every optimizer step.
     """
     config = config or SFTConfig()
+    if config.batch_size < 1 or config.micro_batch_size > config.batch_size:
+        raise ValueError(
+            f"SFTConfig: batch_size {config.batch_size} (trajectories per optimizer step) must "
+            f"be at least 1 and at least micro_batch_size {config.micro_batch_size} (per "
+            "forward/backward pass; it used to mean per step)"
+        )
     order = list(range(len(trajectories)))
     steps = config.epochs * -(-len(order) // config.batch_size)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)

@@ -7,8 +7,10 @@ the highest resident set size (RSS) the process reached while a stage of that na
 Peaks are exact on Linux: entering a stage resets the kernel's high-water mark
 (`/proc/self/clear_refs`), and leaving reads it (`VmHWM`). Stages may nest or overlap (pipelined
 rollouts run during updates, in another thread); a peak then counts for every stage open at the
-time. Elsewhere the peak is the process's lifetime maximum (`getrusage`), an upper bound. Only
-this process is measured: sandboxed environment workers and a vLLM server are not.
+time; the whole run's peak is the highest mark seen at any reset or read, inside a stage or
+not. Resetting the mark is process-wide: run one `StageClock` per process. Elsewhere the peak
+is the process's lifetime maximum (`getrusage`), an upper bound. Only this process is measured:
+sandboxed environment workers and a vLLM server are not.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class StageClock:
         self.records: dict[str, StageRecord] = {}
         self.started = time.perf_counter()
         self._open: dict[int, int] = {}  # id of an open stage -> the peak seen while open
+        self._run_peak = 0  # the highest mark seen so far, in a stage or not
         self._lock = threading.Lock()
         self._exact = _resettable()
 
@@ -68,9 +71,10 @@ class StageClock:
                 record.peak_bytes = max(record.peak_bytes, peak)
 
     def peak_bytes(self) -> int:
-        """The highest RSS of any stage (or of the process so far, whichever is higher)."""
-        stages = max((r.peak_bytes for r in self.records.values()), default=0)
-        return max(stages, current_rss_bytes())
+        """The highest RSS since the clock was created (exact on Linux)."""
+        with self._lock:
+            self._run_peak = max(self._run_peak, high_water_bytes())
+            return self._run_peak
 
     def total_seconds(self) -> float:
         """Wall seconds since the clock was created."""
@@ -109,6 +113,7 @@ class StageClock:
     def _fold_and_reset(self) -> None:
         """Credit the high-water mark so far to every open stage, then restart it."""
         mark = high_water_bytes()
+        self._run_peak = max(self._run_peak, mark)
         for key, peak in self._open.items():
             self._open[key] = max(peak, mark)
         if self._exact:

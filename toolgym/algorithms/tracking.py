@@ -96,7 +96,9 @@ def plot_rewards(
         evals = [h for h in history if f"eval/{key}" in h]
         if evals:
             eval_x = [h["step"] for h in evals]
-            axis.plot(eval_x, [h[f"eval/{key}"] for h in evals], "o--", label=f"eval {key}")
+            axis.plot(
+                eval_x, [h[f"eval/{key}"] for h in evals], "o--", color="C1", label=f"eval {key}"
+            )
         labels = dict.fromkeys(point["label"] for point in held_out)
         for index, label in enumerate(labels):
             points = sorted((p for p in held_out if p["label"] == label), key=lambda p: p["step"])
@@ -110,6 +112,7 @@ def plot_rewards(
             )
     top.set_ylabel("reward")
     top.legend(fontsize="small")
+    bottom.legend(fontsize="small")
     bottom.set_ylabel("success rate")
     bottom.set_ylim(-0.05, 1.05)
     bottom.set_xlabel("step")
@@ -125,8 +128,10 @@ def plot_rewards(
 def smoothed(values: Sequence[float], weight: float = 0.8) -> list[float]:
     """Exponential moving average with bias correction (the first points are not pulled
     towards zero); `weight` 0 returns the values."""
+    if not 0 <= weight < 1:
+        raise ValueError(f"smoothing weight must be in [0, 1), not {weight}")
     average, out = 0.0, []
     for count, value in enumerate(values, start=1):
         average = weight * average + (1 - weight) * value
-        out.append(average / (1 - weight**count) if weight < 1 else value)
+        out.append(average / (1 - weight**count))
     return out

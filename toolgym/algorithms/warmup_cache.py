@@ -1,10 +1,13 @@
 """A cache of warm-up results, so a second run with the same starting point skips the warm-up.
 
 The key hashes everything the warmed weights depend on: the starting weights (every tensor's
-bytes), the demonstrations' tokens and loss masks, the `SFTConfig`, and the torch version. An
-entry is a folder named by the key holding the warmed weights (`model.safetensors`, tied
-weights handled) and the step losses (`losses.json`); it is written to a temporary folder and
-renamed, so an interrupted run never leaves a half-written entry.
+bytes) and the model's configuration, the demonstrations' tokens and loss masks (sample by
+sample), the `SFTConfig` (less `micro_batch_size`, which changes memory, not the result), the
+device type, and the torch and transformers versions. An entry is a folder named by the key
+holding the warmed weights (`model.safetensors`, tied weights handled) and the step losses
+(`losses.json`). It is written to a temporary folder and renamed; a run that finds the entry
+already there (another run stored the same result first) keeps that one, and an entry that
+cannot be read counts as a miss.
 """
 
 from __future__ import annotations
@@ -37,44 +40,65 @@ def default_cache_dir() -> Path:
 
 def warmup_key(model: Any, demos: Sequence[Trajectory], config: SFTConfig) -> str:
     """A digest of the starting weights, the demonstrations and the settings."""
+    import transformers
+
     digest = hashlib.blake2b(digest_size=16)
-    header = {"format": FORMAT, "torch": torch.__version__, "config": dataclasses.asdict(config)}
-    digest.update(json.dumps(header, sort_keys=True).encode())
+    settings = dataclasses.asdict(config)
+    settings.pop("micro_batch_size")
+    header = {
+        "format": FORMAT,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": next(model.parameters()).device.type,
+        "model": model.config.to_dict() if hasattr(model, "config") else type(model).__name__,
+        "config": settings,
+    }
+    digest.update(json.dumps(header, sort_keys=True, default=str).encode())
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
         digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
     for trajectory in demos:
-        for sample in trajectory.samples():
-            for part in (sample.prompt_ids, sample.completion_ids, sample.loss_mask):
-                digest.update(json.dumps(part).encode())
+        samples = [
+            [sample.prompt_ids, sample.completion_ids, sample.loss_mask]
+            for sample in trajectory.samples()
+        ]
+        digest.update(json.dumps(samples).encode())
     return digest.hexdigest()
 
 
 def load_warmup(folder: Path, key: str, model: Any) -> list[float] | None:
-    """Load the cached warmed weights into `model` and return the losses; None on a miss."""
-    entry = folder / "warmup" / key
-    if not (entry / "losses.json").is_file():
-        return None
+    """Load the cached warmed weights into `model` and return the losses; None on a miss
+    (no entry, or one that cannot be read)."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_model
 
-    load_model(model, str(entry / "model.safetensors"))
-    return json.loads((entry / "losses.json").read_text())
+    entry = folder / "warmup" / key
+    try:
+        losses = json.loads((entry / "losses.json").read_text())
+        load_model(model, str(entry / "model.safetensors"))
+    except (OSError, ValueError, SafetensorError):
+        if entry.is_dir():  # unreadable: make room for a good one
+            shutil.rmtree(entry, ignore_errors=True)
+        return None
+    return losses
 
 
 def store_warmup(folder: Path, key: str, model: Any, losses: list[float]) -> Path:
-    """Save the warmed weights and losses under `key` (replacing an older entry)."""
+    """Save the warmed weights and losses under `key`, unless an entry is already there (the
+    same key stands for the same result)."""
     from safetensors.torch import save_model
 
     parent = folder / "warmup"
+    entry = parent / key
     parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=parent, prefix=".partial-"))
     try:
         save_model(model, str(staging / "model.safetensors"))
         (staging / "losses.json").write_text(json.dumps(losses))
-        entry = parent / key
-        shutil.rmtree(entry, ignore_errors=True)
         staging.rename(entry)
-    except BaseException:
+    except OSError:
+        if not entry.is_dir():  # not a lost race with an identical store
+            raise
+    finally:
         shutil.rmtree(staging, ignore_errors=True)
-        raise
     return entry

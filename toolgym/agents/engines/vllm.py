@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import os
 import threading
+import warnings
 from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Any
@@ -27,6 +28,26 @@ _CPU_ENVIRONMENT = {
 
 
 _MIN_CPU_KV_CACHE = 256 << 20
+
+
+def _bounded_kv_bytes(wanted: int) -> int:
+    """`wanted`, raised to the CPU minimum and capped at a quarter of available memory."""
+    available = None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    if available is not None and wanted > available // 4:
+        warnings.warn(
+            f"a KV cache of {wanted / 2**30:.1f} GiB was asked for; using a quarter of the "
+            f"available memory, {available / 4 / 2**30:.1f} GiB (requests will queue)",
+            stacklevel=3,
+        )
+        wanted = available // 4
+    return max(wanted, _MIN_CPU_KV_CACHE)
 
 
 def kv_bytes_per_token(model: str, dtype: str = "auto") -> int:
@@ -61,7 +82,8 @@ class VLLMEngine:
         seed: Sampling seed of the engine.
         kv_cache_memory_bytes: KV-cache size; on the CPU defaults to 256 MiB.
         kv_cache_tokens: KV-cache size in tokens instead (converted with the model's layer and
-            head counts; at least 256 MiB, so that one request of `context_length` fits). Too
+            head counts; at least 256 MiB, so that one request of `context_length` fits, and at
+            most a quarter of the memory available when the engine starts, with a warning). Too
             small a cache costs time, not correctness: requests queue, and the prefix cache
             (earlier turns of an episode) is evicted and recomputed.
         **llm_kwargs: Anything else `vllm.LLM` accepts (e.g. `gpu_memory_utilization`).
@@ -80,7 +102,7 @@ class VLLMEngine:
         cuda = _has_cuda()
         if kv_cache_tokens is not None:
             per_token = kv_bytes_per_token(resolve_model(model), dtype)
-            kv_cache_memory_bytes = max(kv_cache_tokens * per_token, _MIN_CPU_KV_CACHE)
+            kv_cache_memory_bytes = _bounded_kv_bytes(kv_cache_tokens * per_token)
         if not cuda:
             for key, value in _CPU_ENVIRONMENT.items():
                 os.environ.setdefault(key, value)

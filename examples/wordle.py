@@ -284,11 +284,17 @@ def apply_budget(trainer: GRPOTrainer, budget: float, spent: float) -> None:
 def finish(trainer: GRPOTrainer, before: dict, after: dict) -> None:
     """The summary table, the plot with the held-out points, and the run's time and memory."""
     out = Path(trainer.args.output_dir)
-    held_out = [
-        {"label": mode, "step": step, **{k: figures[mode][k] for k in ("reward", "success_rate")}}
-        for step, figures in ((0, before), (trainer.step, after))
-        for mode in ("greedy", "sampled")
-    ]
+    held_out = []
+    for mode in ("greedy", "sampled"):
+        change, error = paired_difference(before[mode]["rewards"], after[mode]["rewards"])
+        label = f"{mode}, change {change:+.3f} ± {error:.3f}"
+        for step, figures in ((0, before[mode]), (trainer.step, after[mode])):
+            rewards = figures["rewards"]
+            spread = statistics.stdev(rewards) / len(rewards) ** 0.5 if len(rewards) > 1 else 0
+            held_out.append(
+                {"label": label, "step": step, "reward_se": spread}
+                | {k: figures[k] for k in ("reward", "success_rate")}
+            )
     plot_rewards(trainer.log.history(), out / "rewards.png", held_out)
     (out / "evaluation.json").write_text(json.dumps({"before": before, "after": after}, indent=2))
     trainer.stages.save(out / "stages.json")

@@ -75,7 +75,7 @@ class GRPOConfig:
     """Tokens the in-process vLLM engine's KV cache holds on a CPU (on a GPU vLLM sizes it
     from `gpu_memory_utilization`). None: enough for the larger of a step's episodes and the
     evaluation rows to be in flight at once at the full `limits.max_episode_tokens` plus a
-    512-token prompt. A smaller cache queues requests and recomputes earlier turns."""
+    256-token prompt. A smaller cache queues requests and recomputes earlier turns."""
     parser: str = "auto"
     """Tool-call parser: a name (`toolgym.agents.parsers.PARSERS`), "auto", "tokenizer" or
     "vllm:<name>"."""

@@ -662,7 +662,7 @@ class GRPOTrainer:
             # so sampling logprobs would drift from the trainer's.
             dtype = str(self._unwrapped.dtype).removeprefix("torch.")
             in_flight = max(args.prompts_per_step * args.num_generations, len(self.eval_rows))
-            tokens = args.kv_cache_tokens or in_flight * (args.limits.max_episode_tokens + 512)
+            tokens = args.kv_cache_tokens or in_flight * (args.limits.max_episode_tokens + 256)
             kv = {} if torch.cuda.is_available() else {"kv_cache_tokens": tokens}
             return VLLMEngine(str(folder), dtype=dtype, seed=args.seed, **kv)
         if args.engine == "vllm-server":

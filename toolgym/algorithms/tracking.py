@@ -76,7 +76,8 @@ def plot_rewards(
     over steps, in two panels of one PNG: each step's value faint, an exponential moving
     average (`smoothing`, bias-corrected) over it, the logged `eval/` figures, and `held_out`
     points (dicts with `label`, `step`, `reward`, `success_rate`; points sharing a label are
-    joined, e.g. a before and an after evaluation)."""
+    joined, e.g. a before and an after evaluation; an optional `reward_se` or
+    `success_rate_se` draws an error bar)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -102,12 +103,14 @@ def plot_rewards(
         labels = dict.fromkeys(point["label"] for point in held_out)
         for index, label in enumerate(labels):
             points = sorted((p for p in held_out if p["label"] == label), key=lambda p: p["step"])
-            axis.plot(
+            axis.errorbar(
                 [p["step"] for p in points],
                 [p[key] for p in points],
-                "s:",
+                yerr=[p.get(f"{key}_se", 0.0) for p in points],
+                fmt="s:",
                 color=f"C{3 + index}",
                 markersize=7,
+                capsize=4,
                 label=f"held-out {label}",
             )
     top.set_ylabel("reward")

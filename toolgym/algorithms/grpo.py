@@ -122,8 +122,7 @@ class GRPOTrainer:
         self.stopped_by = ""
         """Why the last `train()` ended: "max_steps" or the `max_seconds` budget."""
         self._train_started, self._train_first_step = 0.0, 0
-        self.warmup_cached_from: Path | None = None
-        """The cache entry the last `warmup()` loaded (None: it trained)."""
+        self.warmup_cached_from: Path | None = None  # the entry the last warmup() loaded
         self.log = MetricsLog(self.output_dir, args.report_to, args.to_dict())
         if args.max_staleness and isinstance(self.engine, HFEngine):
             raise ValueError(

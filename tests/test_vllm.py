@@ -14,6 +14,31 @@ vllm = pytest.importorskip(
 pytestmark = pytest.mark.vllm
 
 
+def vllm_training(tmp_path, **overrides):
+    """A small GRPO configuration sampling with vLLM (1 prompt x 4 episodes per step)."""
+    from toolgym.algorithms import GRPOConfig
+
+    settings = dict(
+        output_dir=str(tmp_path),
+        engine="vllm",
+        prompts_per_step=1,
+        num_generations=4,
+        micro_batch_size=4,
+        limits=AgentLimits(max_turns=2, max_new_tokens=24, max_episode_tokens=400),
+        parser="hermes",
+        temperature=1.0,
+        learning_rate=3e-2,
+        progress_bar=False,
+        save_steps=0,
+    )
+    return GRPOConfig(**settings | overrides)
+
+
+def varied(prompts, completions, trajectories, **_):
+    """A reward that differs between episodes, so every group has a signal."""
+    return [(sum(t.completion_ids) % 101) / 100 for t in trajectories]
+
+
 @pytest.mark.parametrize(
     "lora",
     [None, {"r": 4, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]}],
@@ -25,30 +50,12 @@ def test_the_trainer_samples_with_vllm_and_pushes_every_update(tmp_path, lora):
     base weights with the adapters merged. First in the file, so it runs before the module's
     shared engine exists."""
     import toolgym
-    from toolgym.algorithms import GRPOConfig, GRPOTrainer
+    from toolgym.algorithms import GRPOTrainer
     from toolgym.testing import tiny_model
 
     tokenizer = tiny_tokenizer()
     model = tiny_model(tokenizer, seed=2, hidden_size=128)  # random: varied samples
-
-    def varied(prompts, completions, trajectories, **_):
-        return [(sum(t.completion_ids) % 101) / 100 for t in trajectories]
-
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        engine="vllm",
-        max_steps=2,
-        prompts_per_step=1,
-        num_generations=4,
-        micro_batch_size=4,
-        limits=AgentLimits(max_turns=2, max_new_tokens=24, max_episode_tokens=400),
-        parser="hermes",
-        temperature=1.0,
-        learning_rate=3e-2,
-        progress_bar=False,
-        save_steps=0,
-        lora=lora,
-    )
+    args = vllm_training(tmp_path, max_steps=2, lora=lora)
     rows = list(toolgym.spec("Wordle-v0").dataset(2, seed=0))
     trainer = GRPOTrainer(model, "Wordle-v0", rows, [varied], args, tokenizer=tokenizer)
     try:
@@ -73,29 +80,12 @@ def test_pipelined_training_stays_within_its_staleness_bound(tmp_path):
     no sample is learned from more than one update after the weights that played it."""
     import toolgym
     from toolgym.agents.trajectory import load_jsonl
-    from toolgym.algorithms import GRPOConfig, GRPOTrainer
+    from toolgym.algorithms import GRPOTrainer
     from toolgym.testing import tiny_model
 
     tokenizer = tiny_tokenizer()
     model = tiny_model(tokenizer, seed=2, hidden_size=128)
-
-    def varied(prompts, completions, trajectories, **_):
-        return [(sum(t.completion_ids) % 101) / 100 for t in trajectories]
-
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        engine="vllm",
-        max_steps=4,
-        prompts_per_step=1,
-        num_generations=4,
-        micro_batch_size=4,
-        limits=AgentLimits(max_turns=2, max_new_tokens=24, max_episode_tokens=400),
-        parser="hermes",
-        learning_rate=3e-2,
-        progress_bar=False,
-        save_steps=0,
-        max_staleness=1,
-    )
+    args = vllm_training(tmp_path, max_steps=4, max_staleness=1)
     rows = list(toolgym.spec("Wordle-v0").dataset(4, seed=0))
     trainer = GRPOTrainer(model, "Wordle-v0", rows, [varied], args, tokenizer=tokenizer)
     try:

@@ -158,7 +158,10 @@ class GRPOTrainer:
                 rank=self.accelerator.process_index,
             )
             self._sync_engine()
-        bar = _progress(self.args, self.step, self.accelerator.is_main_process)
+        # under a time budget the number of steps is not known in advance
+        bar = self._progress(
+            "GRPO", None if self.args.max_seconds is not None else self.args.max_steps, self.step
+        )
         self._train_started, self._train_first_step = time.perf_counter(), self.step
         self.stopped_by = ""
         history = []
@@ -564,11 +567,7 @@ class GRPOTrainer:
 
     def _warmup_sft(self, demos: list[Trajectory], config: SFTConfig) -> list[float]:
         steps = config.epochs * -(-len(demos) // config.batch_size)
-        bar = None
-        if self.args.progress_bar and self.accelerator.is_main_process:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=steps, desc="warm-up", unit="step")
+        bar = self._progress("warm-up", steps)
 
         def advance(step: int, loss: float) -> None:
             if bar is not None:
@@ -580,6 +579,14 @@ class GRPOTrainer:
         finally:
             if bar is not None:
                 bar.close()
+
+    def _progress(self, desc: str, total: int | None, start: int = 0) -> Any:
+        """A tqdm bar of steps on the main process when `progress_bar` is on, else None."""
+        if not (self.args.progress_bar and self.accelerator.is_main_process):
+            return None
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, initial=start, desc=desc, unit="step")
 
     def _demonstrations(self, rows: Sequence[Row]) -> list[Trajectory]:
         return demonstrations(
@@ -743,12 +750,3 @@ def _with_lora(model: Any, lora: dict[str, Any]) -> Any:
     except ImportError as error:
         raise ImportError("LoRA needs peft: pip install 'toolgym[lora]'") from error
     return get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora))
-
-
-def _progress(args: GRPOConfig, start: int, main: bool) -> Any:
-    if not (args.progress_bar and main):
-        return None
-    from tqdm.auto import tqdm
-
-    total = None if args.max_seconds is not None else args.max_steps  # a budget: no known end
-    return tqdm(total=total, initial=start, desc="GRPO", unit="step")

@@ -12,7 +12,7 @@ before the first, so Adam's state counts in both arms), on CUDA the growth of
 `torch.cuda.max_memory_allocated` likewise.
 
     python bench/train_step.py                                   # CPU, small Qwen2 shape
-    python bench/train_step.py --preset qwen3-1.7b --dtype bfloat16 --completions 1024,4096
+    python bench/train_step.py --preset qwen2.5-0.5b --dtype bfloat16 --completions 1024,4096
 """
 
 from __future__ import annotations
@@ -34,6 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 PRESETS = {
     # A narrow model with Qwen's vocabulary: the logits dominate memory, as in real RL runs.
     "small": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, heads=4, kv=2),
+    # Qwen2.5-0.5B's shape (494M parameters, randomly initialised; no download).
+    "qwen2.5-0.5b": dict(
+        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, heads=14, kv=2
+    ),
     # Qwen3-1.7B's shape (randomly initialised; no download).
     "qwen3-1.7b": dict(
         hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, heads=16, kv=8
@@ -82,7 +86,9 @@ def toolgym_step(model, data, args) -> callable:
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="toolgym-bench-"),
         micro_batch_size=len(data["advantages"]),
-        max_episode_tokens=data["prompt_ids"].shape[1] + data["completion_ids"].shape[1],
+        limits={
+            "max_episode_tokens": sum(data[k].shape[1] for k in ("prompt_ids", "completion_ids"))
+        },
         loss_type="dapo",
         beta=0.0,
         learning_rate=1e-6,
@@ -173,7 +179,11 @@ def measure(args) -> dict:
         base = torch.cuda.memory_allocated()
     else:
         base = resident_bytes()
-    step()  # warm-up (allocator, optimizer state); its peak counts, as in any first step
+    start = time.perf_counter()
+    step()  # warm-up (allocator, optimizer state, compilation); its peak counts
+    if cuda:
+        torch.cuda.synchronize()
+    first = time.perf_counter() - start
     times = []
     for _ in range(args.repeats):
         start = time.perf_counter()
@@ -187,7 +197,12 @@ def measure(args) -> dict:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
     seconds = statistics.median(times)
     tokens = args.batch * (args.prompt + args.completion)
-    return {"seconds": seconds, "tokens_per_s": tokens / seconds, "peak_mib": peak / 2**20}
+    return {
+        "seconds": seconds,
+        "first_seconds": first,
+        "tokens_per_s": tokens / seconds,
+        "peak_mib": peak / 2**20,
+    }
 
 
 def resident_bytes() -> int:
@@ -237,8 +252,8 @@ def main() -> None:
                 line.append(f"{arm} failed ({r['error']})")
             else:
                 line.append(
-                    f"{arm} {r['seconds']:.2f} s, {r['tokens_per_s']:.0f} tok/s, "
-                    f"peak +{r['peak_mib']:.0f} MiB"
+                    f"{arm} {r['seconds']:.2f} s (first {r['first_seconds']:.1f} s), "
+                    f"{r['tokens_per_s']:.0f} tok/s, peak +{r['peak_mib']:.0f} MiB"
                 )
         if all("error" not in r for r in results.values()) and len(results) == 2:
             ours, peer = results["toolgym"], results["trl"]

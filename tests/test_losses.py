@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
+import transformers
 
 from toolgym.agents.trajectory import Trajectory
 from toolgym.algorithms import (
@@ -184,3 +186,77 @@ def test_per_turn_samples_give_the_single_sequence_loss_where_both_apply(loss_ty
     turn_loss, turn_grad = loss_and_grad(per_turn)
     assert turn_loss == pytest.approx(whole_loss, rel=1e-5)
     assert torch.allclose(turn_grad, whole_grad, atol=1e-6)
+
+
+def _reference_logprobs(model, input_ids):
+    logits = model(input_ids=input_ids).logits[:, :-1].float()
+    return logits.log_softmax(-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+
+
+def _small(config_class, **extra):
+    """A tiny randomly initialised model of a family (no download)."""
+    config = config_class(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        **extra,
+    )
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+@pytest.mark.parametrize(
+    ("family", "extra"),
+    [
+        ("Gemma2Config", {"final_logit_softcapping": 0.5}),  # tanh soft-cap after the head
+        ("CohereConfig", {"logit_scale": 3.0}),  # multiplies the logits
+        ("GraniteConfig", {"logits_scaling": 0.25}),  # divides the logits
+    ],
+)
+def test_families_that_transform_logits_after_the_head_get_exact_chunked_logprobs(family, extra):
+    model = _small(getattr(transformers, family), **extra)
+    input_ids = torch.randint(0, 64, (2, 24), generator=torch.Generator().manual_seed(1))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fallback to full logits: the transform is known
+        chunked = token_logprobs(model, input_ids, torch.ones_like(input_ids), chunk_size=5)
+    assert torch.allclose(chunked, _reference_logprobs(model, input_ids), atol=1e-5)
+
+
+def test_an_unknown_logit_transform_falls_back_to_full_logits_with_a_warning():
+    class Shifted(transformers.LlamaForCausalLM):
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            out.logits = out.logits * 4.0 + torch.arange(out.logits.shape[-1]) * 0.1
+            return out
+
+    tokenizer = tiny_tokenizer()
+    model = Shifted(tiny_model(tokenizer, seed=3).config).eval()
+    input_ids = torch.randint(0, 100, (2, 20), generator=torch.Generator().manual_seed(2))
+    with pytest.warns(UserWarning, match="Shifted: the output head applied chunk by chunk"):
+        logprobs = token_logprobs(model, input_ids, torch.ones_like(input_ids), chunk_size=4)
+    assert torch.allclose(logprobs, _reference_logprobs(model, input_ids), atol=1e-5)
+
+
+@pytest.mark.slow
+def test_compiled_chunks_give_the_eager_logprobs_and_gradients():
+    """`compile_logprobs` (the CUDA default) through torch.compile on this CPU: the values and
+    the gradients equal the eager path, for the first shape and for a later, different one."""
+    model = tiny_model(tiny_tokenizer(), seed=3)
+    for length in (17, 29):
+        input_ids = torch.randint(0, 100, (2, length), generator=torch.Generator().manual_seed(4))
+        mask = torch.ones_like(input_ids)
+        results = []
+        for compiled in (False, True):
+            model.zero_grad()
+            logprobs = token_logprobs(model, input_ids, mask, chunk_size=8, compiled=compiled)
+            logprobs.sum().backward()
+            grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+            results.append((logprobs.detach(), grads))
+        (eager, eager_grads), (fused, fused_grads) = results
+        assert torch.allclose(eager, fused, atol=1e-5)
+        pairs = zip(eager_grads, fused_grads, strict=True)
+        assert all(torch.allclose(a, b, atol=1e-5) for a, b in pairs)

@@ -35,8 +35,8 @@ def save_checkpoint(
 
 
 def save_random_states(folder: str | Path, rank: int) -> None:
-    """The python / numpy / torch random states of this process, as `rng-{rank}.pt`, in plain
-    types and tensors only (loadable with `weights_only=True`)."""
+    """The python / numpy / torch (and CUDA) random states of this process, as
+    `rng-{rank}.pt`, in plain types and tensors only (loadable with `weights_only=True`)."""
     version, internal, gauss = random.getstate()
     kind, keys, position, has_gauss, cached = np.random.get_state()
     states = {
@@ -44,6 +44,8 @@ def save_random_states(folder: str | Path, rank: int) -> None:
         "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached],
         "torch": torch.get_rng_state(),
     }
+    if torch.cuda.is_available():  # sampling on a GPU draws from the CUDA generators
+        states["cuda"] = torch.cuda.get_rng_state_all()
     Path(folder).mkdir(parents=True, exist_ok=True)
     torch.save(states, Path(folder) / f"rng-{rank}.pt")
 
@@ -82,6 +84,8 @@ def load_checkpoint(
     kind, keys, position, has_gauss, cached = states["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, cached))
     torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
     return int(json.loads((folder / "trainer_state.json").read_text())["step"])
 
 

@@ -57,6 +57,10 @@ class GRPOConfig:
     logprob_chunk_size: int = 1024
     """Tokens per chunk when computing logprobs, so full-vocabulary float32 logits are never
     held for the whole batch."""
+    compile_logprobs: bool | None = None
+    """Compile the per-chunk output head and log-softmax with `torch.compile` (about 1.3x
+    faster update steps on an H100; the first step pays the compilation). None: on when
+    training on a CUDA device, off elsewhere (CPU compilation is slow and needs a compiler)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
     bf16: bool = False
@@ -217,6 +221,8 @@ class SFTConfig:
     """Gradient-norm clip."""
     logprob_chunk_size: int = 1024
     """Tokens per chunk when computing logprobs."""
+    compile_logprobs: bool | None = None
+    """See `GRPOConfig.compile_logprobs` (None: on CUDA only)."""
     bf16: bool = False
     """Run forward and backward passes under bfloat16 autocast (see `GRPOConfig.bf16`)."""
     seed: int = 0

@@ -41,7 +41,12 @@ from toolgym.algorithms.checkpoint import (
     save_random_states,
 )
 from toolgym.algorithms.config import GRPOConfig, SFTConfig
-from toolgym.algorithms.losses import StepNormalizer, policy_loss, token_logprobs
+from toolgym.algorithms.losses import (
+    StepNormalizer,
+    compile_by_default,
+    policy_loss,
+    token_logprobs,
+)
 from toolgym.algorithms.rewards import RewardFunc, compute_rewards
 from toolgym.algorithms.sft import demonstrations, warmup_sft
 from toolgym.algorithms.stages import StageClock
@@ -438,6 +443,7 @@ class GRPOTrainer:
                 batch.attention_mask,
                 args.logprob_chunk_size,
                 args.temperature,
+                compiled=compile_by_default(args.compile_logprobs, batch.input_ids.device),
             )
 
     def _micro_step(

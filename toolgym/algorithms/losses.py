@@ -1,8 +1,11 @@
 """Token-level policy-gradient losses over padded batches.
 
-`token_logprobs` runs the model with its output head switched off and applies the head chunk
-by chunk under activation checkpointing, so full-vocabulary float32 logits exist for one
-chunk at a time, in the forward and the backward pass alike.
+`token_logprobs` runs the model with its output head swapped for one that keeps the hidden
+states, and applies the real head chunk by chunk under activation checkpointing, so
+full-vocabulary float32 logits exist for one chunk at a time, in the forward and the backward
+pass alike. The logit transforms some families apply after the head (soft-capping, scaling)
+are applied per chunk too, and a one-time check per model falls back to full logits where the
+chunked values would differ.
 
 `policy_loss` computes, per sampled token (mask 1),
 
@@ -19,6 +22,9 @@ padding) count nowhere: not in the loss, not in the KL, not in any token count.
 
 from __future__ import annotations
 
+import functools
+import warnings
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -43,29 +49,131 @@ class StepNormalizer:
     """The per-episode token budget (for `dr_grpo`)."""
 
 
-class _Identity(nn.Module):
+class _Capture(nn.Module):
+    """Stands in for the output head: keeps the hidden states it is given and returns a
+    one-column stand-in, so whatever the model's forward does to its logits afterwards
+    (soft-capping, scaling) costs nothing and changes nothing here."""
+
+    hidden: torch.Tensor | None = None
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden
+        self.hidden = hidden
+        return hidden[..., :1]
+
+
+def _unwrap(model: Any) -> Any:
+    while hasattr(model, "module"):  # accelerate / DDP wrappers
+        model = model.module
+    return model
 
 
 @contextmanager
-def _hidden_states_out(model: Any):
-    """Temporarily replace the output head by the identity: the model returns hidden states."""
-    inner = model
-    while hasattr(inner, "module"):  # accelerate / DDP wrappers
-        inner = inner.module
+def _head_swapped_for_capture(model: Any):
+    """Temporarily replace the output head by a `_Capture`; yields (head, capture)."""
+    inner = _unwrap(model)
     head = inner.get_output_embeddings()
-    inner.set_output_embeddings(_Identity())
+    capture = _Capture()
+    inner.set_output_embeddings(capture)
     try:
-        yield head
+        yield head, capture
     finally:
         inner.set_output_embeddings(head)
 
 
-def _chunk_logprobs(
-    head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float
+@dataclass(frozen=True)
+class LogitTransform:
+    """What a model's forward does to the head's output before returning logits (the families
+    that do anything: Gemma 2/3 soft-cap, Cohere multiplies, Granite divides)."""
+
+    softcap: float | None = None
+    multiplier: float = 1.0
+
+    @classmethod
+    def of(cls, model: Any) -> LogitTransform:
+        config = getattr(_unwrap(model), "config", None)
+        config = getattr(config, "text_config", None) or config
+        softcap = getattr(config, "final_logit_softcapping", None)
+        multiplier = float(getattr(config, "logit_scale", None) or 1.0)
+        multiplier /= float(getattr(config, "logits_scaling", None) or 1.0)
+        return cls(softcap=softcap or None, multiplier=multiplier)
+
+
+def _scaled_logits(
+    head: nn.Module, hidden: torch.Tensor, temperature: float, transform: LogitTransform
 ) -> torch.Tensor:
-    logits = head(hidden).float() / temperature
+    logits = head(hidden).float()
+    if transform.multiplier != 1.0:
+        logits = logits * transform.multiplier
+    if transform.softcap is not None:
+        logits = torch.tanh(logits / transform.softcap) * transform.softcap
+    return logits / temperature if temperature != 1.0 else logits
+
+
+def _chunk_logprobs(
+    head: nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    transform: LogitTransform,
+) -> torch.Tensor:
+    return _gather_logprobs(_scaled_logits(head, hidden, temperature, transform), targets)
+
+
+def _chunk_logprobs_by_logsumexp(
+    head: nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    transform: LogitTransform,
+) -> torch.Tensor:
+    logits = _scaled_logits(head, hidden, temperature, transform)
+    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, -1)
+
+
+@functools.cache
+def _compiled_chunk_logprobs() -> Any:
+    """The per-chunk logprobs through `torch.compile`: cast, scaling, log-sum-exp and gather
+    fuse into a few kernels instead of several passes over float32 logits (one compilation
+    for the first shape, one dynamic-shape graph for all others)."""
+    return torch.compile(_chunk_logprobs_by_logsumexp)
+
+
+def compile_by_default(setting: bool | None, device: torch.device) -> bool:
+    """`compile_logprobs` resolved: None means on for CUDA devices only."""
+    return device.type == "cuda" if setting is None else setting
+
+
+_CHECKED: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def chunked_logprobs_match(model: Any, input_ids: torch.Tensor) -> bool:
+    """Whether head-by-chunk logprobs equal the model's own logits on a few of these tokens.
+
+    A model whose forward transforms logits in a way `LogitTransform` does not know would
+    otherwise train on wrong logprobs without a sign; the answer is kept per model."""
+    inner = _unwrap(model)
+    if inner not in _CHECKED:
+        probe = input_ids[:1, :16]
+        was_training = inner.training
+        inner.eval()
+        with torch.no_grad():
+            logits = model(input_ids=probe, use_cache=False).logits[:, :-1].float()
+            expected = _gather_logprobs(logits, probe[:, 1:])
+            got = _chunked(model, probe, torch.ones_like(probe), 1024, 1.0, compiled=False)
+        inner.train(was_training)
+        tolerance = 1e-3 if logits.dtype == torch.float32 and got.dtype == torch.float32 else 0.1
+        _CHECKED[inner] = bool(torch.allclose(got.float(), expected, atol=tolerance))
+        if not _CHECKED[inner]:
+            warnings.warn(
+                f"{type(inner).__name__}: the output head applied chunk by chunk does not "
+                "reproduce the model's logits (an unknown logit transform); computing logprobs "
+                "from full logits instead, which needs more memory",
+                stacklevel=3,
+            )
+    return _CHECKED[inner]
+
+
+def _gather_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return logits.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
 
@@ -75,6 +183,7 @@ def token_logprobs(
     attention_mask: torch.Tensor,
     chunk_size: int = 1024,
     temperature: float = 1.0,
+    compiled: bool = False,
 ) -> torch.Tensor:
     """Logprob of each token 1..L-1 given the ones before it: shape (B, L-1).
 
@@ -83,10 +192,28 @@ def token_logprobs(
         input_ids, attention_mask: (B, L), right-padded.
         chunk_size: Positions whose logits exist at once.
         temperature: Logits are divided by it (the sampling temperature).
+        compiled: Run the per-chunk head and log-softmax through `torch.compile` (faster on a
+            GPU, where the float32 logits' memory traffic dominates; the first call compiles).
     """
-    with _hidden_states_out(model) as head:
-        hidden = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-    hidden = hidden[:, :-1]
+    if not chunked_logprobs_match(model, input_ids):
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        return _gather_logprobs(logits[:, :-1].float() / temperature, input_ids[:, 1:])
+    return _chunked(model, input_ids, attention_mask, chunk_size, temperature, compiled)
+
+
+def _chunked(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    chunk_size: int,
+    temperature: float,
+    compiled: bool,
+) -> torch.Tensor:
+    transform = LogitTransform.of(model)
+    per_chunk = _compiled_chunk_logprobs() if compiled else _chunk_logprobs
+    with _head_swapped_for_capture(model) as (head, capture):
+        model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    hidden = capture.hidden[:, :-1]
     targets = input_ids[:, 1:]
     batch, length, width = hidden.shape
     flat_hidden, flat_targets = hidden.reshape(-1, width), targets.reshape(-1)
@@ -95,9 +222,11 @@ def token_logprobs(
         h = flat_hidden[start : start + chunk_size]
         t = flat_targets[start : start + chunk_size]
         if torch.is_grad_enabled():
-            pieces.append(checkpoint(_chunk_logprobs, head, h, t, temperature, use_reentrant=False))
+            pieces.append(
+                checkpoint(per_chunk, head, h, t, temperature, transform, use_reentrant=False)
+            )
         else:
-            pieces.append(_chunk_logprobs(head, h, t, temperature))
+            pieces.append(per_chunk(head, h, t, temperature, transform))
     return torch.cat(pieces).view(batch, length)
 
 

@@ -22,7 +22,7 @@ from toolgym.agents.rollout import Agent, AgentLimits
 from toolgym.agents.trajectory import Trajectory
 from toolgym.algorithms.batch import collate
 from toolgym.algorithms.config import SFTConfig
-from toolgym.algorithms.losses import token_logprobs
+from toolgym.algorithms.losses import compile_by_default, token_logprobs
 from toolgym.envs.calls import close_all
 from toolgym.envs.stepping import as_environment
 
@@ -148,7 +148,11 @@ def _sft_step(model: Any, chosen: list[Trajectory], pad_id: int, config: SFTConf
         batch = batch.to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.bf16):
             logprobs = token_logprobs(
-                model, batch.input_ids, batch.attention_mask, config.logprob_chunk_size
+                model,
+                batch.input_ids,
+                batch.attention_mask,
+                config.logprob_chunk_size,
+                compiled=compile_by_default(config.compile_logprobs, device),
             )
         loss = -(logprobs * batch.loss_mask[:, 1:]).sum() / max(tokens, 1.0)
         loss.backward()

@@ -22,10 +22,11 @@ at once and tools that sleep 50 ms, and prints:
 - framework overhead: the share of wall time in which neither the engine is generating nor any
   tool is running (union of intervals, as episodes overlap). Target: under 3%.
 
-and, with `--engine hf`, the same figures for TRL's GRPOTrainer generation path with
-`environment_factory` (bench/trl_peer.py; trl is installed into `.bench/site` on first use), on
-the same model, tokenizer, chat template (the Qwen2.5 template trl ships, which TRL requires),
-episodes and limits, measured in the same run, and toolgym's throughput as a multiple of TRL's.
+and the same figures for TRL's GRPOTrainer generation path with `environment_factory`
+(bench/trl_peer.py; trl is installed into `.bench/site` on first use; with `--engine vllm`,
+TRL's colocated vLLM), on the same model, tokenizer, chat template (the Qwen2.5 template trl
+ships, which TRL requires), episodes and limits, measured in the same run, and toolgym's
+throughput as a multiple of TRL's (`a/c`).
 
     python bench/rollout.py [--episodes 32] [--engine hf|vllm] [--no-peer]
 """
@@ -98,6 +99,17 @@ class TimedEngine:
             return self.engine.generate(requests)
         finally:
             self.busy.add(start, time.perf_counter())
+
+    def __getattr__(self, name: str):
+        if name == "submit" and hasattr(self.engine, "submit"):
+            return self._submit  # per-request engines keep toolgym's default scheduler
+        raise AttributeError(name)
+
+    def _submit(self, request):
+        start = time.perf_counter()
+        future = self.engine.submit(request)
+        future.add_done_callback(lambda _: self.busy.add(start, time.perf_counter()))
+        return future
 
     def update_weights(self, weights) -> None:
         self.engine.update_weights(weights)
@@ -174,7 +186,7 @@ def run(engine_name: str, episodes: int, delay: float, tokenizer, folder: str, m
     return episodes / wall
 
 
-def run_trl(episodes: int, delay: float, tokenizer, model) -> float:
+def run_trl(engine_name: str, episodes: int, delay: float, tokenizer, folder: str, model) -> float:
     """Play the same games through TRL's generation path, print the figures, return episodes/s."""
     from trl_peer import trl_rollout
 
@@ -186,10 +198,12 @@ def run_trl(episodes: int, delay: float, tokenizer, model) -> float:
         max_turns=MAX_TURNS,
         max_new_tokens=MAX_NEW_TOKENS,
         repeats=REPEATS,
+        engine=engine_name,
+        model_folder=folder,
     )
     wall = figures["wall"]
     print(
-        f"TRL     hf   tools {delay * 1000:3.0f} ms | {episodes} episodes, "
+        f"TRL     {engine_name:4} tools {delay * 1000:3.0f} ms | {episodes} episodes, "
         f"{figures['tool_calls']:.0f} tool calls, reward {figures['reward']:.2f}, "
         f"{wall:6.2f} s | {episodes / wall:6.2f} episodes/s | "
         f"{figures['model_tokens'] / wall:7.1f} model tokens/s"
@@ -388,7 +402,7 @@ def main() -> None:
             return
         print(f"a/b {figures['a'] / figures['b']:.2f}")
         if not args.no_peer:
-            print("a/c: TRL's generation path is measured on the wordle workload (--engine hf)")
+            print("a/c: TRL's generation path is measured by --workload wordle")
         print(f"a/d at a's mean concurrency {figures['a'] / figures['d_mean']:.2f}")
         print(f"a/d {figures['a'] / figures['d']:.2f}")
         return
@@ -401,11 +415,14 @@ def main() -> None:
     folder = tempfile.mkdtemp(prefix="toolgym-bench-")
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    ratios = {}
     for delay in (0.0, 0.05):
         ours = run(args.engine, args.episodes, delay, tokenizer, folder, model)
-        if args.engine == "hf" and not args.no_peer:
-            peer = run_trl(args.episodes, delay, tokenizer, model)
-            print(f"toolgym / TRL throughput, tools {delay * 1000:.0f} ms: {ours / peer:.2f}x")
+        if not args.no_peer:
+            peer = run_trl(args.engine, args.episodes, delay, tokenizer, folder, model)
+            ratios[delay] = ours / peer
+    for delay, ratio in ratios.items():
+        print(f"a/c (toolgym / TRL, {args.engine}, tools {delay * 1000:.0f} ms) {ratio:.2f}")
 
 
 if __name__ == "__main__":

@@ -91,12 +91,28 @@ def trl_rollout(
     max_turns: int,
     max_new_tokens: int,
     repeats: int = 3,
+    engine: str = "hf",
+    model_folder: str | None = None,
 ) -> dict[str, float]:
     """Generate the batch of episodes `repeats` times through TRL; returns the median wall
-    seconds, and the model tokens, tool calls and mean reward of the last batch."""
+    seconds, and the model tokens, tool calls and mean reward of the last batch.
+
+    `engine="vllm"`: TRL's colocated vLLM (`use_vllm=True, vllm_mode="colocate"`), loading the
+    model from `model_folder`; greedy in both engines."""
     trl = import_trl()
     from datasets import Dataset
 
+    if engine == "vllm":
+        model.name_or_path = model_folder  # what TRL hands to vLLM's LLM(model=...)
+        engine_settings = {
+            "use_vllm": True,
+            "vllm_mode": "colocate",
+            "vllm_max_model_length": 2048,
+            "vllm_enable_sleep_mode": False,
+            "generation_kwargs": {"temperature": 0.0},
+        }
+    else:
+        engine_settings = {"generation_kwargs": {"do_sample": False}}
     config = trl.GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="toolgym-bench-trl-"),
         use_cpu=True,
@@ -107,7 +123,7 @@ def trl_rollout(
         max_tool_calling_iterations=max_turns,
         beta=0.0,
         report_to=[],
-        generation_kwargs={"do_sample": False},
+        **engine_settings,
     )
     trainer = trl.GRPOTrainer(
         model=model,

@@ -90,6 +90,7 @@ class LogitTransform:
 
     @classmethod
     def of(cls, model: Any) -> LogitTransform:
+        """The transform `model`'s config declares (none for most families)."""
         config = getattr(_unwrap(model), "config", None)
         config = getattr(config, "text_config", None) or config
         softcap = getattr(config, "final_logit_softcapping", None)

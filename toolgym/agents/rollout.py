@@ -19,10 +19,12 @@ from typing import Any, Literal
 
 from toolgym.agents.chat import ChatRenderer
 from toolgym.agents.engines.base import Completion, Engine, GenerationRequest, SamplingParams
+from toolgym.agents.inline import observation_ids
 from toolgym.agents.limits import AgentLimits
 from toolgym.agents.parsers import ParsedMessage, Parser, get_parser, type_arguments
 from toolgym.agents.trajectory import Status, Trajectory
 from toolgym.envs.calls import MalformedToolCall, ToolCall, run_coroutine
+from toolgym.envs.inline import InlineStep
 from toolgym.envs.stepping import as_environment
 from toolgym.envs.tools import valid_text
 
@@ -253,6 +255,7 @@ class Episode:
                 "parse_failures",
                 "generation_seconds",
                 "tool_seconds",
+                "inexact_observations",
             ),
             0.0,
         )
@@ -270,8 +273,12 @@ class Episode:
             )
         trajectory = Trajectory(prompt_ids, messages=list(messages))
         self.first_prompt_length = len(prompt_ids)
+        markers = list(getattr(self.env, "inline_markers", ()) or ())
         try:
-            status = await self._turns(trajectory, tools)
+            if markers:
+                status = await self._inline_turn(trajectory, markers)
+            else:
+                status = await self._turns(trajectory, tools)
         except _EpisodeEnd as end:
             return self._finish(trajectory, end.status, end.error)
         return self._finish(trajectory, status)
@@ -323,6 +330,64 @@ class Episode:
             trajectory.append(suffix, sampled=False)
         return "max_turns"
 
+    async def _inline_turn(self, trajectory: Trajectory, markers: list[str]) -> Status:
+        """The inline protocol: one assistant turn, generation stopping after each marker, the
+        environment's observation appended inline (mask 0), until the model ends its turn
+        (its last piece goes to `final_answer`), the environment is done, or a limit hits.
+        Each generation counts as a turn against `max_turns`."""
+        start = len(trajectory.completion_ids)
+        try:
+            for _ in range(self.limits.max_turns):
+                completion = await self._generate(trajectory, stop_strings=markers)
+                self.metrics["turns"] += 1
+                trajectory.append(completion.token_ids, sampled=True, logprobs=completion.logprobs)
+                if completion.finish_reason == "length":
+                    return "length"
+                text = self._decode(completion)
+                if completion.token_ids[-1:] and (
+                    completion.token_ids[-1] in self.agent.renderer.stop_token_ids
+                ):
+                    self.env.final_answer(text)
+                    return "finished"
+                step = await self._inline_step(text)
+                trajectory.step_rewards.append(
+                    {"end": len(trajectory.completion_ids), "reward": step.reward}
+                )
+                if step.observation:
+                    ids, exact = observation_ids(
+                        self.agent.tokenizer, trajectory.completion_ids, step.observation
+                    )
+                    self.metrics["inexact_observations"] += not exact
+                    if self._room(trajectory) < len(ids):
+                        return "length"
+                    trajectory.append(ids, sampled=False)
+                if step.done:
+                    return "env_done"
+                if getattr(self.env, "truncated", False):
+                    return "max_turns"
+            return "max_turns"
+        finally:
+            text = self.agent.tokenizer.decode(
+                trajectory.completion_ids[start:], skip_special_tokens=False
+            )
+            trajectory.messages.append({"role": "assistant", "content": text, "raw_content": text})
+
+    async def _inline_step(self, text: str) -> InlineStep:
+        started = time.perf_counter()
+        try:
+            step = await asyncio.wait_for(self.env.ainline_step(text), self.limits.tool_timeout)
+        except TimeoutError as error:
+            raise _EpisodeEnd(
+                "tool_timeout", f"inline_step took over {self.limits.tool_timeout} s"
+            ) from error
+        except Exception as error:
+            raise _EpisodeEnd("env_error", error) from error
+        finally:
+            self.metrics["tool_seconds"] += time.perf_counter() - started
+        self.metrics["tool_calls"] += 1
+        self.metrics["tool_failures"] += step.failed
+        return step
+
     def _parse(self, text: str, tools: list[dict]) -> ParsedMessage:
         """The turn's calls, typed by the tools' schemas; a parser that raises (a user's own)
         makes the turn one malformed call instead of ending the run."""
@@ -350,7 +415,9 @@ class Episode:
         context = self.agent.engine.context_length - length
         return min(self.limits.max_episode_tokens - used, context)
 
-    async def _generate(self, trajectory: Trajectory) -> Completion:
+    async def _generate(
+        self, trajectory: Trajectory, stop_strings: list[str] | None = None
+    ) -> Completion:
         room = self._room(trajectory)
         if room <= 0:
             raise _EpisodeEnd("length")
@@ -359,6 +426,7 @@ class Episode:
             temperature=self.agent.sampling.temperature,
             top_p=self.agent.sampling.top_p,
             stop_token_ids=self.agent.renderer.stop_token_ids,
+            stop_strings=stop_strings or [],
         )
         started = time.perf_counter()
         try:

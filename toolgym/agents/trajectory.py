@@ -57,6 +57,9 @@ class Trajectory:
             rendering of the conversation before it), `completion_ids` and `logprobs`. Then
             `prompt_ids` + `completion_ids` above are the last turn's sample: the whole episode
             as the model last saw it.
+        step_rewards: Inline episodes: the reward of each environment step, with `end`, the
+            index in `completion_ids` just past the model's span it rewards (the marker's
+            token), e.g. `[{"end": 14, "reward": -0.3}]`.
     """
 
     prompt_ids: list[int]
@@ -71,6 +74,7 @@ class Trajectory:
     metrics: dict[str, float] = field(default_factory=dict)
     row: dict[str, Any] = field(default_factory=dict)
     turns: list[dict[str, list]] = field(default_factory=list)
+    step_rewards: list[dict[str, float]] = field(default_factory=list)
 
     def append(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
         """Append model tokens (`sampled=True`, with their logprobs) or observation tokens."""

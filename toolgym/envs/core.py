@@ -13,9 +13,10 @@ import functools
 import inspect
 import random
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 from toolgym.envs.calls import AnyToolCall, StepResult, ToolCall, accepted_kwargs, run_coroutine
+from toolgym.envs.inline import InlineStep
 from toolgym.envs.stepping import LocalExecutor, Stepper
 
 
@@ -41,6 +42,10 @@ class Environment:
     reward: float = 0.0
     done: bool = False
     max_turns: int | None = None
+    inline_markers: ClassVar[tuple[str, ...]] = ()
+    """Markers of the inline protocol (`toolgym.envs.inline`): when not empty, the model writes
+    in one assistant turn, generation stops after each marker and `inline_step` answers the
+    text written since the last one; the chat tool-call protocol is not used."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Environment:
         # The instance's Stepper exists from the start (also when a subclass's __init__ does
@@ -77,6 +82,19 @@ class Environment:
         Environments that grade a final answer (rather than a tool call) override this and
         set `reward` / `done`. The default ignores the text.
         """
+
+    def inline_step(self, text: str) -> InlineStep | str | None:
+        """The inline protocol's step: `text` is what the model wrote since the last marker,
+        the marker included. Return an observation to append inline (a string), an
+        `InlineStep` (observation, per-step reward, done), or None. Set `reward` / `done` as
+        from a tool. Needed when `inline_markers` is set."""
+        raise NotImplementedError(
+            f"{type(self).__name__} sets inline_markers but does not implement inline_step"
+        )
+
+    async def ainline_step(self, text: str) -> InlineStep:
+        """Like `inline_step`, without blocking the event loop (it runs in a worker thread)."""
+        return await self.stepper.ainline_step(text)
 
     def demonstration(self) -> list[list[ToolCall]] | None:
         """An expert's tool calls for the current episode, one list per turn (for SFT warm-up).

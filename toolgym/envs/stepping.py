@@ -29,6 +29,7 @@ from toolgym.envs.calls import (
     as_call_list,
     run_coroutine,
 )
+from toolgym.envs.inline import InlineStep, as_inline_step
 from toolgym.envs.tools import Tool, ToolArgumentError, decode_arguments, tool_table
 
 
@@ -61,6 +62,9 @@ class Executor(Protocol):
 
     def final_answer(self, text: str) -> None:
         """Hand the model's last message (no tool calls) to the environment to grade."""
+
+    def inline(self, text: str) -> InlineStep:
+        """The environment's `inline_step` on text the model wrote (the inline protocol)."""
 
     def demonstration(self) -> list[list[ToolCall]] | None:
         """An expert's calls for this episode, one list per turn, or None."""
@@ -118,6 +122,9 @@ class LocalExecutor(Executor):
 
     def final_answer(self, text: str) -> None:
         self._optional("final_answer", text)
+
+    def inline(self, text: str) -> InlineStep:
+        return as_inline_step(_resolved(self.instance.inline_step(text)))
 
     def demonstration(self) -> list[list[ToolCall]] | None:
         return self._optional("demonstration")
@@ -206,6 +213,34 @@ class Stepper:
     def demonstration(self) -> list[list[ToolCall]] | None:
         """An expert's tool calls for this episode, one list per turn, if it has an expert."""
         return self.executor.demonstration()
+
+    @property
+    def inline_markers(self) -> tuple[str, ...]:
+        """The inline protocol's markers (empty: the chat tool-call protocol)."""
+        return tuple(getattr(self.executor.target, "inline_markers", ()) or ())
+
+    def inline_step(self, text: str) -> InlineStep:
+        """Hand the text the model wrote since the last marker to the environment; counts a
+        turn (so the environment's `max_turns` applies) and returns its answer."""
+        self._begin_inline()
+        return self._end_inline(self.executor.inline(text))
+
+    async def ainline_step(self, text: str) -> InlineStep:
+        """Like `inline_step`, without blocking the event loop."""
+        self._begin_inline()
+        return self._end_inline(await asyncio.to_thread(self.executor.inline, text))
+
+    def _begin_inline(self) -> None:
+        if not self.started:
+            raise RuntimeError(f"{self.executor.target.__name__}: call reset() before stepping")
+        if not self._is_over():
+            self.turn += 1
+
+    def _end_inline(self, step: InlineStep) -> InlineStep:
+        if self.max_turns is not None and self.turn >= self.max_turns and not self.done:
+            self.truncated = True
+        step.done = step.done or self.done
+        return step
 
     def close(self) -> None:
         """Release the environment (its processes, files, container)."""

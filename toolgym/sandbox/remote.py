@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from toolgym.envs.calls import ToolCall, ToolResult
+from toolgym.envs.inline import InlineStep, as_inline_step
 from toolgym.envs.stepping import Executor, Stepper
 from toolgym.envs.tools import tool_table
 from toolgym.sandbox.worker import PROTOCOL_VERSION
@@ -261,6 +262,9 @@ class RemoteExecutor(Executor):
 
     def final_answer(self, text: str) -> None:
         self.request("invoke", name="final_answer", args=[text])
+
+    def inline(self, text: str) -> InlineStep:
+        return as_inline_step(self.request("invoke", name="inline_step", args=[text]))
 
     def demonstration(self) -> list[list[ToolCall]] | None:
         turns = self.request("invoke", name="demonstration")

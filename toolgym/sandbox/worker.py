@@ -18,7 +18,7 @@ OP is one of:
     call    {"name", "arguments"}          -> {"content": str, "failure": null | "tool_error"
                                               | "tool_exception" | "bad_result"}
     invoke  {"name", "args"}               a protocol method: get_reward, final_answer,
-                                           demonstration, close
+                                           inline_step, demonstration, close
     ping    {}                             -> "pong" (health check)
     exit    {}                             the worker replies, then exits
 
@@ -148,13 +148,18 @@ class Worker:
 
     def _op_invoke(self, request: dict[str, Any]) -> Any:
         name = request["name"]
-        if name not in ("get_reward", "final_answer", "demonstration", "close"):
+        if name not in ("get_reward", "final_answer", "inline_step", "demonstration", "close"):
             raise ValueError(f"{name!r} is not a protocol method")
         executor, args = self.executor, request.get("args", [])
         if name == "get_reward":
             return executor.reward()
         if name == "final_answer":
             return executor.final_answer(*args)
+        if name == "inline_step":
+            step = executor.inline(*args)
+            if step.observation is not None:
+                step.observation = step.observation[:MAX_CONTENT_CHARS]
+            return step.to_dict()
         if name == "close":
             return executor.close()
         turns = executor.demonstration()

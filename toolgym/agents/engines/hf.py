@@ -6,9 +6,9 @@ import threading
 from typing import Any
 
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
-from toolgym.agents.engines.base import Completion, GenerationRequest
+from toolgym.agents.engines.base import Completion, GenerationRequest, first_stop_string_end
 
 _SAMPLING_KEYS = ("temperature", "top_p")
 
@@ -25,7 +25,7 @@ class HFEngine:
     """
 
     def __init__(self, model: Any, tokenizer: Any, context_length: int | None = None) -> None:
-        self.model = model
+        self.model, self.tokenizer = model, tokenizer
         self.pad_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         )
@@ -39,8 +39,10 @@ class HFEngine:
         results: list[Completion | None] = [None] * len(requests)
         groups: dict[tuple, list[int]] = {}
         for index, request in enumerate(requests):
-            key = tuple(getattr(request.sampling, k) for k in _SAMPLING_KEYS) + tuple(
-                request.sampling.stop_token_ids
+            key = (
+                *(getattr(request.sampling, k) for k in _SAMPLING_KEYS),
+                tuple(request.sampling.stop_token_ids),
+                tuple(request.sampling.stop_strings),
             )
             groups.setdefault(key, []).append(index)
         with self._lock:
@@ -74,18 +76,25 @@ class HFEngine:
             output_scores=True,
             return_dict_in_generate=True,
         )
+        stops = sampling.stop_strings
         output = self.model.generate(
             input_ids=input_ids.to(device),
             attention_mask=attention.to(device),
             generation_config=config,
+            stopping_criteria=StoppingCriteriaList([_StopStrings(stops, longest, self._decode)])
+            if stops
+            else None,
         )
         new_tokens = output.sequences[:, longest:].cpu()
         logprobs = torch.stack(output.scores, dim=1).float().log_softmax(-1).cpu()
         chosen = logprobs.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
         return [
-            _trim(new_tokens[row].tolist(), chosen[row].tolist(), request)
+            _trim(new_tokens[row].tolist(), chosen[row].tolist(), request, self._decode)
             for row, request in enumerate(requests)
         ]
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def update_weights(self, model_or_state_dict: Any) -> None:
         """Load a state dict (or another model's weights) into the generating model.
@@ -105,11 +114,30 @@ class HFEngine:
         """Nothing to release: the model belongs to the caller."""
 
 
-def _trim(ids: list[int], logprobs: list[float], request: GenerationRequest) -> Completion:
-    """Cut a row at its first stop token or its own max_tokens (the batch ran to the longest)."""
+class _StopStrings(StoppingCriteria):
+    """Ends a row once its decoded new tokens contain a stop string (anywhere: a token may
+    carry text past the marker, as in vLLM)."""
+
+    def __init__(self, stops: list[str], prompt_length: int, decode: Any) -> None:
+        self.stops, self.prompt_length, self.decode = stops, prompt_length, decode
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **_: Any) -> torch.Tensor:
+        rows = input_ids[:, self.prompt_length :].tolist()
+        done = [any(stop in self.decode(row) for stop in self.stops) for row in rows]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+def _trim(
+    ids: list[int], logprobs: list[float], request: GenerationRequest, decode: Any
+) -> Completion:
+    """Cut a row at its first stop token, its first stop string or its own max_tokens (the
+    batch ran to the longest)."""
     stops = set(request.sampling.stop_token_ids)
     limit = request.sampling.max_tokens
-    for i, token in enumerate(ids[:limit]):
-        if token in stops:
-            return Completion(ids[: i + 1], logprobs[: i + 1], "stop")
-    return Completion(ids[:limit], logprobs[:limit], "length")
+    ids = ids[:limit]
+    end = next((i + 1 for i, token in enumerate(ids) if token in stops), None)
+    by_string = first_stop_string_end(ids[:end], request.sampling.stop_strings, decode)
+    end = by_string or end
+    if end is not None:
+        return Completion(ids[:end], logprobs[:end], "stop")
+    return Completion(ids, logprobs[:limit], "length")

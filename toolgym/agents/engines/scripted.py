@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from toolgym.agents.engines.base import Completion, GenerationRequest
+from toolgym.agents.engines.base import Completion, GenerationRequest, first_stop_string_end
 
 Script = Callable[[list[int]], list[int]]
 
@@ -17,9 +18,16 @@ class ScriptedEngine:
     Args:
         replies: Token-id replies handed out in order (cycling), or `f(prompt_ids) -> ids`.
         context_length: The context length it claims.
+        tokenizer: Decodes replies for `stop_strings` (requests with stop strings need it).
     """
 
-    def __init__(self, replies: Iterable[list[int]] | Script, context_length: int = 4096) -> None:
+    def __init__(
+        self,
+        replies: Iterable[list[int]] | Script,
+        context_length: int = 4096,
+        tokenizer: Any = None,
+    ) -> None:
+        self.tokenizer = tokenizer
         self._script = replies if callable(replies) else None
         self._replies = [] if callable(replies) else [list(r) for r in replies]
         self._next = 0
@@ -37,6 +45,11 @@ class ScriptedEngine:
         ids = reply[: request.sampling.max_tokens]
         stops = set(request.sampling.stop_token_ids)
         end = next((i + 1 for i, token in enumerate(ids) if token in stops), None)
+        if request.sampling.stop_strings:
+            if self.tokenizer is None:
+                raise ValueError("ScriptedEngine needs a tokenizer for stop strings")
+            decode = functools.partial(self.tokenizer.decode, skip_special_tokens=False)
+            end = first_stop_string_end(ids[:end], request.sampling.stop_strings, decode) or end
         if end is not None:
             return Completion(ids[:end], [0.0] * end, "stop")
         finish = "length" if len(reply) > len(ids) else "stop"

@@ -91,6 +91,8 @@ class VLLMServerEngine:
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
             "stop_token_ids": sampling.stop_token_ids,
+            "stop": sampling.stop_strings or None,
+            "include_stop_str_in_output": True,
             "logprobs": 0,
             "return_token_ids": True,
             "skip_special_tokens": False,

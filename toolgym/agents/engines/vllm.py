@@ -275,7 +275,10 @@ def _params(request: GenerationRequest) -> Any:
         top_p=request.sampling.top_p,
         stop_token_ids=request.sampling.stop_token_ids,
         logprobs=0,  # the sampled token's own logprob
-        detokenize=False,
+        # stop strings are matched in the detokenized text; every sampled token is returned
+        stop=list(request.sampling.stop_strings) or None,
+        include_stop_str_in_output=True,
+        detokenize=bool(request.sampling.stop_strings),
         skip_special_tokens=False,
     )
 

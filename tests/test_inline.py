@@ -1,0 +1,185 @@
+"""Inline episodes: generation stops at the environment's markers, its observations go into the
+same assistant turn as unsampled tokens, and the whole sequence decodes to what the model saw."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from sandbox_envs import InlineCalculator
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+from toolgym.agents import Agent, AgentLimits, HFEngine, ScriptedEngine
+from toolgym.agents.engines.base import GenerationRequest, SamplingParams
+from toolgym.agents.inline import observation_ids
+from toolgym.sandbox import sandboxed
+from toolgym.testing import tiny_model, tiny_tokenizer
+
+
+def ids(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def inline_agent(tokenizer, replies: list[str], **limits) -> Agent:
+    engine = ScriptedEngine([ids(tokenizer, r) for r in replies], tokenizer=tokenizer)
+    return Agent(engine, tokenizer, limits=AgentLimits(**limits))
+
+
+def play(agent: Agent, env=None):
+    env = env or InlineCalculator()
+    (trajectory,) = agent.run([env], [{"prompt": "What is 6*7?"}])
+    return trajectory, env
+
+
+def test_observations_are_appended_inline_and_the_sequence_decodes_to_what_the_model_saw():
+    tokenizer = tiny_tokenizer()
+    replies = [
+        "Let me compute <code>6*7</code> and then some text the marker cut",  # cut at the marker
+        "So <code>1/0</code>",
+        "The answer is 42.<|im_end|>",
+    ]
+    trajectory, env = play(inline_agent(tokenizer, replies))
+    assert trajectory.status == "finished" and trajectory.reward == 1.0
+    assert env.seen == ["Let me compute <code>6*7</code>", "So <code>1/0</code>"]
+    assert env.answer == "The answer is 42."
+    text = tokenizer.decode(trajectory.completion_ids, skip_special_tokens=False)
+    assert text == (
+        "Let me compute <code>6*7</code><output>42</output>So <code>1/0</code>"
+        "<output>ZeroDivisionError</output>The answer is 42.<|im_end|>"
+    )
+    observed = [
+        tokenizer.decode(
+            [
+                t
+                for t, m in zip(trajectory.completion_ids, trajectory.loss_mask, strict=True)
+                if not m
+            ]
+        )
+    ]
+    assert observed == ["<output>42</output><output>ZeroDivisionError</output>"]
+    assert trajectory.loss_mask[-1] == 1 and trajectory.logprobs[-1] == 0.0
+    ends = [r["end"] for r in trajectory.step_rewards]
+    assert [r["reward"] for r in trajectory.step_rewards] == [0.1, -0.3]
+    first = tokenizer.decode(trajectory.completion_ids[: ends[0]])
+    assert first == "Let me compute <code>6*7</code>"  # the reward follows the model's span
+    assert trajectory.metrics["tool_calls"] == 2 and trajectory.metrics["tool_failures"] == 1
+    assert trajectory.metrics["turns"] == 3 and trajectory.metrics["inexact_observations"] == 0
+    (message,) = [m for m in trajectory.messages if m["role"] == "assistant"]
+    assert message["content"] == text
+
+
+def test_the_environment_ending_the_episode_and_the_limits_give_their_statuses():
+    tokenizer = tiny_tokenizer()
+    trajectory, _ = play(inline_agent(tokenizer, ["<code>stop</code> more"]))
+    assert trajectory.status == "env_done"
+    assert tokenizer.decode(trajectory.completion_ids).endswith("<output>bye</output>")
+    endless = inline_agent(tokenizer, ["<code>1+1</code>"], max_turns=3)
+    trajectory, env = play(endless)
+    assert trajectory.status == "max_turns" and len(env.seen) == 3
+    short = inline_agent(tokenizer, ["<code>1+1</code>"], max_episode_tokens=30)
+    trajectory, _ = play(short)
+    assert trajectory.status == "length"
+
+
+def test_a_hanging_or_crashing_inline_step_ends_only_its_own_episode():
+    class Hangs(InlineCalculator):
+        def inline_step(self, text):
+            import time
+
+            time.sleep(5)
+
+    class Crashes(InlineCalculator):
+        def inline_step(self, text):
+            raise RuntimeError("the interpreter died")
+
+    tokenizer = tiny_tokenizer()
+    agent = inline_agent(tokenizer, ["<code>1</code>"], tool_timeout=0.2)
+    rows = [{"prompt": "x"}] * 3
+    hung, crashed, fine = agent.run([Hangs(), Crashes(), InlineCalculator()], rows)
+    assert hung.status == "tool_timeout" and "inline_step took over 0.2 s" in hung.error
+    assert crashed.status == "env_error" and "the interpreter died" in crashed.error
+    assert fine.status == "max_turns"
+
+
+def test_an_inline_environment_in_a_process_sandbox_answers_the_same():
+    tokenizer = tiny_tokenizer()
+    replies = ["I try <code>2**10</code>", "Done: 42<|im_end|>"]
+    local, _ = play(inline_agent(tokenizer, replies))
+    env = sandboxed(InlineCalculator, where="process")
+    try:
+        sandboxed_run, _ = play(inline_agent(tokenizer, replies), env)
+    finally:
+        env.close()
+    assert sandboxed_run.status == local.status == "finished" and sandboxed_run.reward == 1.0
+    assert sandboxed_run.completion_ids == local.completion_ids
+    assert sandboxed_run.loss_mask == local.loss_mask
+    assert "<output>1024</output>" in tokenizer.decode(sandboxed_run.completion_ids)
+
+
+def sentencepiece_like_tokenizer():
+    """A word-start-marking tokenizer (SentencePiece's "▁" scheme, built offline): encoding a
+    text on its own adds a word start that decoding after other tokens turns into a space."""
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "</s>": 1}
+    for piece in [
+        "▁",
+        "<",
+        ">",
+        "/",
+        "o",
+        "u",
+        "t",
+        "p",
+        "c",
+        "d",
+        "e",
+        "1",
+        "2",
+        "=",
+        "▁x",
+        "x",
+        "\n",
+    ]:
+        vocab.setdefault(piece, len(vocab))
+    model = models.WordPiece(vocab, unk_token="<unk>", continuing_subword_prefix="")
+    tokenizer = Tokenizer(model)
+    tokenizer.normalizer = normalizers.Replace(" ", "▁")
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="</s>", unk_token="<unk>")
+
+
+def test_observation_ids_decode_exactly_after_the_model_tokens():
+    byte_level = tiny_tokenizer()
+    before = ids(byte_level, "x = <code>1</code>")
+    obs, exact = observation_ids(byte_level, before, "<output>2</output>")
+    assert exact and obs == ids(byte_level, "<output>2</output>")
+    word_start = sentencepiece_like_tokenizer()
+    before = ids(word_start, "x=<code>1</code>")
+    naive = ids(word_start, "<output>2</output>")
+    assert word_start.decode(before + naive) != word_start.decode(before) + "<output>2</output>"
+    obs, exact = observation_ids(word_start, before, "<output>2</output>")
+    assert exact
+    assert word_start.decode(before + obs) == word_start.decode(before) + "<output>2</output>"
+
+
+def test_hf_engine_stops_after_the_token_that_completes_a_stop_string():
+    """Sampling with the same seed with and without a stop string: the stopped completion is
+    the free one cut after the first token whose prefix contains the marker."""
+    tokenizer = tiny_tokenizer()
+    engine = HFEngine(tiny_model(tokenizer, seed=5), tokenizer)
+    prompt = ids(tokenizer, "<|im_start|>user\nMultiply 4821 and 9384.<|im_end|>\n")
+
+    def sample(stop_strings: list[str]):
+        torch.manual_seed(0)
+        request = GenerationRequest(prompt, SamplingParams(32, stop_strings=stop_strings))
+        return engine.generate([request])[0]
+
+    free = sample([])
+    prefixes = [tokenizer.decode(free.token_ids[:n]) for n in range(len(free.token_ids) + 1)]
+    marker = prefixes[12][-2:]  # two characters the free completion writes mid-way
+    expected = next(n for n, text in enumerate(prefixes) if marker in text)
+    stopped = sample([marker, "never-there"])
+    assert stopped.finish_reason == "stop" and 0 < expected < len(free.token_ids)
+    assert stopped.token_ids == free.token_ids[:expected]
+    assert stopped.logprobs == pytest.approx(free.logprobs[:expected])

@@ -322,3 +322,56 @@ def test_an_async_reset_is_awaited():
             return "done"
 
     assert Later().reset(seed=0) == "ready"
+
+
+class Quiz(toolgym.Environment):
+    def reset(self, target: int = 42) -> str:
+        self.target = target
+        return "Find the number."
+
+    def hint(self) -> str:
+        """A hint about the number."""
+        return "It is even."
+
+    @toolgym.ends_episode
+    def submit(self, answer: int) -> str:
+        """Submit the final answer.
+
+        Args:
+            answer: The number you found.
+        """
+        self.reward = float(answer == self.target)
+        return "recorded"
+
+
+def test_a_tool_marked_as_the_answer_ends_the_episode_once_it_succeeds():
+    env = Quiz()
+    env.reset()
+    invalid = env.step(ToolCall("submit", {"answer": "many"}))  # an error is not an answer
+    assert not invalid.terminated and invalid.info["answered"] is False
+    step = env.step(
+        [ToolCall("hint", {}), ToolCall("submit", {"answer": 42}), ToolCall("hint", {})]
+    )
+    assert step.terminated and step.info["answered"] and env.get_reward() == 1.0
+    assert [m["content"] for m in step.messages][:2] == ["It is even.", "recorded"]
+    assert "the episode is over" in step.messages[2]["content"]
+    env.reset()
+    assert not env.step(ToolCall("hint", {})).terminated  # a new episode starts unanswered
+
+
+def test_an_agent_that_answers_through_the_tool_finishes_without_a_text_turn():
+    from helpers import scripted_agent
+
+    from toolgym.testing import tiny_tokenizer
+
+    call = '<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call><|im_end|>'
+    replies = [
+        call.format(name="hint", arguments="{}"),
+        call.format(name="submit", arguments='{"answer": 42}'),
+    ]
+    agent = scripted_agent(tiny_tokenizer(), replies)
+    (trajectory,) = agent.run([Quiz()], [{"prompt": "Play."}])
+    assert trajectory.status == "finished" and trajectory.reward == 1.0
+    assert trajectory.metrics["turns"] == 2
+    last = trajectory.messages[-1]
+    assert (last["role"], last["name"], last["content"]) == ("tool", "submit", "recorded")

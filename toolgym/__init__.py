@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from toolgym.envs.core import Environment
     from toolgym.envs.inline import InlineStep
     from toolgym.envs.stepping import Stepper, as_environment
-    from toolgym.envs.tools import ToolSchemaError
+    from toolgym.envs.tools import ToolSchemaError, ends_episode
     from toolgym.gym import GymnasiumEnv
     from toolgym.registry import (
         EnvSpec,
@@ -53,6 +53,7 @@ _HOMES = {
     "Stepper": "toolgym.envs.stepping",
     "as_environment": "toolgym.envs.stepping",
     "ToolSchemaError": "toolgym.envs.tools",
+    "ends_episode": "toolgym.envs.tools",
     "GymnasiumEnv": "toolgym.gym",
     "EnvSpec": "toolgym.registry",
     "UnknownEnvironmentError": "toolgym.registry",
@@ -77,6 +78,7 @@ __all__ = [
     "UnknownEnvironmentError",
     "__version__",
     "as_environment",
+    "ends_episode",
     "list_envs",
     "make",
     "register",

@@ -311,7 +311,7 @@ class Episode:
             step = await self._call_tools(parsed.tool_calls)
             trajectory.messages.extend(step.messages)
             if step.terminated:
-                return "env_done"
+                return "finished" if step.info.get("answered") else "env_done"
             if step.truncated:
                 return "max_turns"
             if renderer.per_turn:

@@ -158,6 +158,8 @@ class Stepper:
         self.executor = executor
         self.turn = 0
         self.truncated = False
+        self.answered = False
+        """A tool marked `ends_episode` succeeded: the model answered."""
         self.started = False
         """Whether an episode was started (stepping before `reset` is a programming error)."""
 
@@ -171,7 +173,7 @@ class Stepper:
 
     def begin_episode(self) -> None:
         """Clear the turn count (called by `reset`, and by `Environment.reset` itself)."""
-        self.turn, self.truncated, self.started = 0, False, True
+        self.turn, self.truncated, self.answered, self.started = 0, False, False, True
 
     @property
     def tools(self) -> list[dict[str, Any]]:
@@ -260,9 +262,8 @@ class Stepper:
         results = []
         for call in calls:
             checked = self._check(call)
-            results.append(
-                checked if isinstance(checked, ToolResult) else self.executor.run(*checked)
-            )
+            result = checked if isinstance(checked, ToolResult) else self.executor.run(*checked)
+            results.append(self._note_answer(result))
         return self._end_step(results, reward_before)
 
     async def astep(self, tool_calls: AnyToolCall | Iterable[AnyToolCall]) -> StepResult:
@@ -274,11 +275,17 @@ class Stepper:
             if isinstance(checked, ToolResult):
                 results.append(checked)
             else:
-                results.append(await self.executor.arun(*checked))
+                results.append(self._note_answer(await self.executor.arun(*checked)))
         return self._end_step(results, reward_before)
 
+    def _note_answer(self, result: ToolResult) -> ToolResult:
+        tool = self.table.get(getattr(result.call, "name", ""))
+        if result.ok and tool is not None and tool.ends_episode:
+            self.answered = True
+        return result
+
     def _is_over(self) -> bool:
-        return self.done or self.truncated
+        return self.done or self.truncated or self.answered
 
     def _begin_step(
         self, tool_calls: AnyToolCall | Iterable[AnyToolCall]
@@ -293,18 +300,19 @@ class Stepper:
     def _end_step(self, results: list[ToolResult], reward_before: float) -> StepResult:
         done = self.done
         if self.max_turns is not None and self.turn >= self.max_turns and not done:
-            self.truncated = True
+            self.truncated = not self.answered
         failures = [r for r in results if not r.ok]
         info = {
             "turn": self.turn,
             "tool_calls": len(results),
             "tool_failures": len(failures),
             "failures": [{"kind": r.failure, "message": r.content} for r in failures],
+            "answered": self.answered,
         }
         return StepResult(
             messages=[r.message for r in results],
             reward=self.get_reward() - reward_before,
-            terminated=done,
+            terminated=done or self.answered,
             truncated=self.truncated,
             info=info,
             results=results,
@@ -319,7 +327,11 @@ class Stepper:
                 call, f"Error: could not parse the tool call: {call.reason}", "malformed"
             )
         if self._is_over():
-            why = "the episode is over" if self.done else "the turn limit was reached"
+            why = (
+                "the episode is over"
+                if self.done or self.answered
+                else "the turn limit was reached"
+            )
             return ToolResult(
                 call, f"Error: {why}; no more tool calls are accepted.", "episode_over"
             )

@@ -36,6 +36,9 @@ class Tool:
     function: Callable[..., Any]
     schema: dict[str, Any]
     arguments_model: type[pydantic.BaseModel]
+    ends_episode: bool = False
+    """Marked with `ends_episode`: a successful call is the model's answer and ends the
+    episode (status `finished`)."""
 
     @property
     def signature(self) -> str:
@@ -88,7 +91,22 @@ def make_tool(function: Callable[..., Any], owner: str = "") -> Tool:
         function=function,
         schema=schema,
         arguments_model=_arguments_model(function, parameters, qualified),
+        ends_episode=bool(getattr(function, _ENDS_EPISODE, False)),
     )
+
+
+_ENDS_EPISODE = "__toolgym_ends_episode__"
+
+
+def ends_episode(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a tool as the final answer: once a call of it succeeds (no error message), the
+    episode ends with status `finished`, as when the model answers in plain text, and later
+    calls get an "episode is over" error. Its result stays in the trajectory's messages; no
+    tokens follow it (on sandboxes too: the mark travels with the class). Use it as a decorator
+    (`@toolgym.ends_episode`) on a tool method, e.g. a `submit(answer)` that sets `reward`.
+    """
+    setattr(function, _ENDS_EPISODE, True)
+    return function
 
 
 def public_methods(cls: type, exclude: set[str]) -> dict[str, Callable[..., Any]]:

@@ -11,6 +11,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 from toolgym.agents import Agent, AgentLimits, HFEngine, ScriptedEngine
 from toolgym.agents.engines.base import GenerationRequest, SamplingParams
 from toolgym.agents.inline import observation_ids
+from toolgym.envs.python_lines import PythonLines
 from toolgym.sandbox import sandboxed
 from toolgym.testing import tiny_model, tiny_tokenizer
 
@@ -183,3 +184,45 @@ def test_hf_engine_stops_after_the_token_that_completes_a_stop_string():
     assert stopped.finish_reason == "stop" and 0 < expected < len(free.token_ids)
     assert stopped.token_ids == free.token_ids[:expected]
     assert stopped.logprobs == pytest.approx(free.logprobs[:expected])
+
+
+@pytest.mark.parametrize("where", ["local", "process"])
+def test_python_lines_runs_each_statement_as_its_line_ends(where):
+    """The REPL in line mode, played by a scripted model: output appears inline after each
+    line, a block waits for its empty line, a raising line is penalised, submit ends it."""
+    tokenizer = tiny_tokenizer()
+    lines = [
+        "# 12 boxes of 30 apples, 7 sold\n",
+        "total = 12 * 30\n",
+        "print(total)\n",
+        "for i in range(2):\n",
+        "    print(i)\n",
+        "\n",
+        "total / 0\n",
+        "submit(total - 7)\n",
+    ]
+    env = sandboxed(PythonLines, where=where)
+    try:
+        agent = inline_agent(tokenizer, lines, max_turns=12)
+        row = {"task": "How many apples?", "answer": "353"}
+        (trajectory,) = agent.run([env], [row])
+    finally:
+        env.close()
+    assert trajectory.status == "env_done" and trajectory.reward == 1.0
+    text = tokenizer.decode(trajectory.completion_ids, skip_special_tokens=False)
+    assert text == (
+        "# 12 boxes of 30 apples, 7 sold\ntotal = 12 * 30\nprint(total)\n360\n"
+        "for i in range(2):\n    print(i)\n\n0\n1\n"
+        "total / 0\nZeroDivisionError: division by zero\nsubmit(total - 7)\nsubmitted 353\n"
+    )
+    rewards = [r["reward"] for r in trajectory.step_rewards]
+    assert rewards == [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -0.3, 0.0]
+    assert trajectory.metrics["tool_calls"] == 8 and trajectory.metrics["tool_failures"] == 1
+    observed = [
+        t for t, m in zip(trajectory.completion_ids, trajectory.loss_mask, strict=True) if not m
+    ]
+    assert (
+        tokenizer.decode(observed)
+        == "360\n0\n1\nZeroDivisionError: division by zero\nsubmitted 353\n"
+    )
+    assert "run" not in tokenizer.decode(trajectory.prompt_ids)  # no tools in an inline prompt

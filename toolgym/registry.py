@@ -283,3 +283,10 @@ register(
     description="A stateful Python session (run tool), sandboxed by default.",
     sandbox="auto",
 )
+register(
+    "PythonLines-v0",
+    "toolgym.envs.python_lines:PythonLines",
+    dataset="toolgym.envs.python_lines:python_lines_dataset",
+    description="Python written line by line, each statement run inline (inline protocol).",
+    sandbox="auto",
+)

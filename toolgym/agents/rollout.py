@@ -265,7 +265,8 @@ class Episode:
         try:
             first = await asyncio.to_thread(self.env.reset, seed=self.seed, **self.row)
             messages = _prompt_messages(self.prompt, first)
-            tools = self.env.tools
+            markers = list(getattr(self.env, "inline_markers", ()) or ())
+            tools = [] if markers else self.env.tools  # inline episodes call no tools
             prompt_ids = self.agent.renderer.prompt_ids(messages, tools)
         except Exception as error:
             return self._finish(
@@ -273,7 +274,6 @@ class Episode:
             )
         trajectory = Trajectory(prompt_ids, messages=list(messages))
         self.first_prompt_length = len(prompt_ids)
-        markers = list(getattr(self.env, "inline_markers", ()) or ())
         try:
             if markers:
                 status = await self._inline_turn(trajectory, markers)

@@ -3,6 +3,8 @@ same assistant turn as unsampled tokens, and the whole sequence decodes to what 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from sandbox_envs import InlineCalculator
@@ -11,6 +13,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 from toolgym.agents import Agent, AgentLimits, HFEngine, ScriptedEngine
 from toolgym.agents.engines.base import GenerationRequest, SamplingParams
 from toolgym.agents.inline import observation_ids
+from toolgym.agents.trajectory import load_jsonl
 from toolgym.envs.python_lines import PythonLines
 from toolgym.sandbox import sandboxed
 from toolgym.testing import tiny_model, tiny_tokenizer
@@ -226,3 +229,92 @@ def test_python_lines_runs_each_statement_as_its_line_ends(where):
         == "360\n0\n1\nZeroDivisionError: division by zero\nsubmitted 353\n"
     )
     assert "run" not in tokenizer.decode(trajectory.prompt_ids)  # no tools in an inline prompt
+
+
+def test_step_rewards_credit_the_tokens_of_their_span():
+    from toolgym.agents import Trajectory
+    from toolgym.algorithms import collate, policy_loss
+    from toolgym.algorithms.batch import collate_samples
+    from toolgym.algorithms.losses import StepNormalizer
+    from toolgym.algorithms.rewards import step_reward_bonus, step_reward_total
+
+    trajectory = Trajectory([1, 2])
+    trajectory.append([10, 11, 12], sampled=True, logprobs=[-1.0] * 3)  # step 1: reward -0.3
+    trajectory.append([50, 51], sampled=False)
+    trajectory.append([13, 14], sampled=True, logprobs=[-1.0] * 2)  # step 2: reward 0.5
+    trajectory.append([52], sampled=False)
+    trajectory.append([15], sampled=True, logprobs=[-1.0])  # the end of the turn: no step
+    trajectory.step_rewards = [{"end": 3, "reward": -0.3}, {"end": 7, "reward": 0.5}]
+    bonus = step_reward_bonus(trajectory)
+    assert bonus == [-0.3, -0.3, -0.3, 0.5, 0.5, 0.5, 0.5, 0.0, 0.0]  # masks keep observations out
+    assert step_reward_total(trajectory) == pytest.approx(0.2)
+    (sample,) = trajectory.samples()
+    credited = collate_samples([sample], [1.0], [True], [6], [bonus], pad_id=0)
+    plain = collate([trajectory], pad_id=0, advantages=[1.0])
+    assert torch.equal(plain.token_advantages, torch.ones_like(plain.token_advantages))
+    # position 2 + k of the sequence is completion token k
+    assert credited.token_advantages[0, 2:].tolist() == pytest.approx([1 + b for b in bonus])
+    mask, _, tokens = credited.targets()
+    logprobs = torch.zeros_like(mask, requires_grad=True)
+    normalizer = StepNormalizer(sequences=1, tokens=float(tokens), micro_batches=1, max_tokens=16)
+    loss, _ = policy_loss(
+        logprobs, logprobs.detach(), credited.token_advantages[:, 1:], mask, normalizer
+    )
+    loss.backward()
+    # dapo: -(advantage of each sampled token) / sampled tokens; observations get nothing
+    expected = [
+        -(1 + b) / 6 if m else 0.0 for b, m in zip(bonus, trajectory.loss_mask, strict=True)
+    ]
+    assert logprobs.grad[0, 1:].tolist() == pytest.approx(expected)
+
+
+def train_line_writer(tokenizer, row):
+    """A tiny random model fitted to one scripted PythonLines episode (a line that works, one
+    that raises, a submit), so that sampling writes lines that run."""
+    lines = ["x = 12 * 30\n", "x / 0\n", "submit(x)\n"]
+    agent = inline_agent(tokenizer, lines)
+    (script,) = agent.run([PythonLines()], [row])
+    model = tiny_model(tokenizer, seed=2)
+    sequence = torch.tensor([script.prompt_ids + script.completion_ids])
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(120):
+        model(sequence, labels=sequence).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return model.eval()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["return", "tokens"])
+def test_the_trainer_uses_per_step_rewards_of_a_live_repl(tmp_path, mode):
+    """GRPO on PythonLines-v0 with a tiny random model: each line it writes runs (and mostly
+    fails to compile, earning the error reward); the step's rewards reach the update."""
+    from toolgym.algorithms import GRPOConfig, GRPOTrainer
+    from toolgym.envs.python_lines import python_lines_dataset
+
+    tokenizer = tiny_tokenizer()
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        max_steps=1,
+        prompts_per_step=1,
+        num_generations=3,
+        micro_batch_size=3,
+        limits=AgentLimits(max_turns=4, max_new_tokens=64, max_episode_tokens=400),
+        progress_bar=False,
+        save_steps=0,
+        sandbox="local",
+        step_rewards=mode,
+    )
+    rows = python_lines_dataset(1, seed=0)
+    model = train_line_writer(tokenizer, rows[0])
+    trainer = GRPOTrainer(model, "PythonLines-v0", rows, args=args, tokenizer=tokenizer)
+    (metrics,) = trainer.train()
+    assert math.isfinite(metrics["loss"])
+    samples = load_jsonl(tmp_path / "samples.jsonl")
+    assert any(t.step_rewards for t in samples), "no line was written"
+    totals = [sum(s["reward"] for s in t.step_rewards) for t in samples]
+    assert any(total < 0 for total in totals)
+    if mode == "return":  # the environment's reward (0: nothing submitted) plus the steps'
+        assert [t.reward for t in samples] == pytest.approx(totals)
+    else:
+        assert all(t.reward == 0.0 for t in samples)

@@ -32,6 +32,9 @@ class TokenBatch:
     """One per sample (its episode's)."""
     episode_tokens: torch.Tensor
     """Per sample: the sampled tokens of its whole episode (all its samples)."""
+    token_advantages: torch.Tensor
+    """Per position: the sample's advantage plus any per-step reward credited to that token
+    (`GRPOConfig.step_rewards="tokens"`); the loss reads positions 1..L-1."""
 
     def to(self, device: torch.device | str) -> TokenBatch:
         """The batch on `device`."""
@@ -71,17 +74,24 @@ def collate_samples(
     advantages: Sequence[float],
     used: Sequence[bool],
     episode_tokens: Sequence[int],
+    bonuses: Sequence[Sequence[float] | None] | None = None,
     *,
     pad_id: int,
 ) -> TokenBatch:
-    """Pad samples into a TokenBatch."""
+    """Pad samples into a TokenBatch; `bonuses` (per sample, one value per completion token)
+    are added to the advantage of those tokens."""
     count = len(samples)
     longest = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     input_ids = torch.full((count, longest), pad_id, dtype=torch.long)
     attention = torch.zeros((count, longest), dtype=torch.long)
     loss_mask = torch.zeros((count, longest), dtype=torch.float32)
     logprobs = torch.zeros((count, longest), dtype=torch.float32)
+    token_advantages = torch.tensor(advantages, dtype=torch.float32)[:, None].repeat(1, longest)
     for row, sample in enumerate(samples):
+        bonus = bonuses[row] if bonuses is not None else None
+        if bonus:
+            start = len(sample.prompt_ids)
+            token_advantages[row, start : start + len(bonus)] += torch.tensor(bonus)
         start, ids = len(sample.prompt_ids), sample.prompt_ids + sample.completion_ids
         input_ids[row, : len(ids)] = torch.tensor(ids)
         attention[row, : len(ids)] = 1
@@ -96,4 +106,5 @@ def collate_samples(
         logprobs * loss_mask,
         torch.tensor(advantages, dtype=torch.float32),
         torch.tensor(episode_tokens, dtype=torch.float32),
+        token_advantages,
     )

@@ -148,6 +148,11 @@ class GRPOConfig:
     `env_reward=True`) and then each reward function. None: all 1."""
     env_reward: bool = True
     """Use the environment's own reward as a reward source."""
+    step_rewards: Literal["return", "tokens", "ignore"] = "return"
+    """What per-step rewards of inline episodes (`Trajectory.step_rewards`) do: "return" adds
+    their sum to the episode's reward before group advantages; "tokens" adds each step's
+    reward to the advantage of the model tokens of the span it follows (the episode reward
+    alone sets the group advantage); "ignore" only keeps them in the samples."""
     success_threshold: float = 1.0
     """An episode with at least this reward counts as a success in the logs."""
 

@@ -47,7 +47,12 @@ from toolgym.algorithms.losses import (
     policy_loss,
     token_logprobs,
 )
-from toolgym.algorithms.rewards import RewardFunc, compute_rewards
+from toolgym.algorithms.rewards import (
+    RewardFunc,
+    compute_rewards,
+    step_reward_bonus,
+    step_reward_total,
+)
 from toolgym.algorithms.sft import demonstrations, warmup_sft
 from toolgym.algorithms.stages import StageClock
 from toolgym.algorithms.tracking import MetricsLog, plot_rewards
@@ -250,6 +255,10 @@ class GRPOTrainer:
             )
         finally:
             close_all(envs)
+        if any(t.step_rewards for t in trajectories):
+            sources["step_rewards"] = [step_reward_total(t) for t in trajectories]
+            if self.args.step_rewards == "return":
+                rewards = [r + s for r, s in zip(rewards, sources["step_rewards"], strict=True)]
         for trajectory, reward in zip(trajectories, rewards, strict=True):
             trajectory.reward = reward
         return Rollouts(trajectories, sources, share, version, started, rollout_seconds)
@@ -387,7 +396,7 @@ class GRPOTrainer:
         lengths (less padding; the step's loss does not depend on the grouping)."""
         args, device = self.args, self.accelerator.device
         size = args.micro_batch_size
-        rows = _sample_rows(trajectories, advantages, used)  # one per turn in per-turn episodes
+        rows = _sample_rows(trajectories, advantages, used, args.step_rewards == "tokens")
         order = sorted(range(len(rows)), key=lambda i: _length(rows[i][0]))
         batches = [
             collate_samples(*zip(*(rows[i] for i in chunk), strict=True), pad_id=self.pad_id).to(
@@ -461,7 +470,7 @@ class GRPOTrainer:
         loss, stats = policy_loss(
             logprobs,
             logprobs.detach() if old_logprobs is None else old_logprobs,
-            batch.advantages,
+            batch.token_advantages[:, 1:],
             mask,
             normalizer,
             loss_type=args.loss_type,
@@ -702,15 +711,20 @@ def _length(sample: Sample) -> int:
 
 
 def _sample_rows(
-    trajectories: list[Trajectory], advantages: torch.Tensor, used: torch.Tensor
-) -> list[tuple[Sample, float, bool, int]]:
+    trajectories: list[Trajectory],
+    advantages: torch.Tensor,
+    used: torch.Tensor,
+    step_credit: bool = False,
+) -> list[tuple[Sample, float, bool, int, list[float] | None]]:
     """(sample, its episode's advantage, whether the episode enters the loss, the episode's
-    sampled tokens) for every training sample of every trajectory."""
+    sampled tokens, per-token step-reward credit) for every training sample of every
+    trajectory (one per turn in per-turn episodes)."""
     rows = []
     for trajectory, advantage, use in zip(trajectories, advantages, used, strict=True):
         samples = trajectory.samples()
         tokens = sum(sum(sample.loss_mask) for sample in samples)
-        rows.extend((sample, float(advantage), bool(use), tokens) for sample in samples)
+        bonus = step_reward_bonus(trajectory) if step_credit and trajectory.step_rewards else None
+        rows.extend((sample, float(advantage), bool(use), tokens, bonus) for sample in samples)
     return rows
 
 

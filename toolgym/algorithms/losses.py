@@ -252,7 +252,7 @@ def policy_loss(
     Args:
         logprobs: (B, T) the trainer's logprobs of the sampled tokens (with grad).
         old_logprobs: (B, T) the same before the update (no grad).
-        advantages: (B,) one per trajectory.
+        advantages: (B,) one per trajectory, or (B, T) one per token.
         mask: (B, T) 1.0 on sampled tokens that enter the loss.
         normalizer: Counts over the whole step.
         loss_type: "grpo", "dr_grpo", "dapo" or "bnpo".
@@ -265,7 +265,7 @@ def policy_loss(
             are one turn of an episode are averaged over the episode); default: the row's own.
     """
     ratio = torch.exp(logprobs - old_logprobs)
-    advantage = advantages.unsqueeze(1)
+    advantage = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
     unclipped = ratio * advantage
     clipped = torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * advantage
     per_token = -torch.min(unclipped, clipped)

@@ -89,3 +89,22 @@ def _added(trajectory: Trajectory) -> int:
         if message.get("role") == "assistant":
             return len(trajectory.messages) - index
     return 0
+
+
+def step_reward_total(trajectory: Trajectory) -> float:
+    """The sum of an inline episode's per-step rewards (0 for chat episodes)."""
+    return float(sum(step["reward"] for step in trajectory.step_rewards))
+
+
+def step_reward_bonus(trajectory: Trajectory) -> list[float]:
+    """Per completion token: the reward of the step whose span it belongs to (the model's
+    tokens after the previous step's end, up to and including the marker that ended this
+    step); 0 on tokens no step rewards."""
+    bonus = [0.0] * len(trajectory.completion_ids)
+    start = 0
+    for step in trajectory.step_rewards:
+        end = int(step["end"])
+        for position in range(start, min(end, len(bonus))):
+            bonus[position] = float(step["reward"])
+        start = end
+    return bonus

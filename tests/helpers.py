@@ -88,3 +88,8 @@ def play_wordle_token_exact(agent: Agent, episodes: int) -> list[Trajectory]:
         sampled = [lp for lp, m in zip(trajectory.logprobs, trajectory.loss_mask, strict=True) if m]
         assert all(lp <= 0.0 for lp in sampled)
     return trajectories
+
+
+def inline_agent(tokenizer, replies: list[str], **limits) -> Agent:
+    engine = ScriptedEngine([ids(tokenizer, r) for r in replies], tokenizer=tokenizer)
+    return Agent(engine, tokenizer, limits=AgentLimits(**limits))

@@ -7,10 +7,11 @@ import math
 
 import pytest
 import torch
+from helpers import inline_agent
 from sandbox_envs import InlineCalculator
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
-from toolgym.agents import Agent, AgentLimits, HFEngine, ScriptedEngine
+from toolgym.agents import Agent, AgentLimits, HFEngine
 from toolgym.agents.engines.base import GenerationRequest, SamplingParams
 from toolgym.agents.inline import observation_ids
 from toolgym.agents.trajectory import load_jsonl
@@ -21,11 +22,6 @@ from toolgym.testing import tiny_model, tiny_tokenizer
 
 def ids(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
-
-
-def inline_agent(tokenizer, replies: list[str], **limits) -> Agent:
-    engine = ScriptedEngine([ids(tokenizer, r) for r in replies], tokenizer=tokenizer)
-    return Agent(engine, tokenizer, limits=AgentLimits(**limits))
 
 
 def play(agent: Agent, env=None):

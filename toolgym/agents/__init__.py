@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names below, for type checkers and editors
     from toolgym.agents.chat import ChatRenderer, TemplateError
+    from toolgym.agents.custom import EpisodeEnd, Generation, RolloutContext, RolloutFn
     from toolgym.agents.engines import (
         Completion,
         Engine,
@@ -37,6 +38,10 @@ _HOMES = {
     "save_jsonl": "trajectory",
     "summarize": "trajectory",
     "Agent": "rollout",
+    "EpisodeEnd": "custom",
+    "Generation": "custom",
+    "RolloutContext": "custom",
+    "RolloutFn": "custom",
     "AgentLimits": "limits",
     "ChatRenderer": "chat",
     "TemplateError": "chat",
@@ -58,9 +63,13 @@ __all__ = [
     "ChatRenderer",
     "Completion",
     "Engine",
+    "EpisodeEnd",
+    "Generation",
     "GenerationRequest",
     "HFEngine",
     "ParsedMessage",
+    "RolloutContext",
+    "RolloutFn",
     "SamplingParams",
     "ScriptedEngine",
     "TemplateError",

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from toolgym.agents.chat import ChatRenderer
+from toolgym.agents.custom import EpisodeEnd, RolloutContext, RolloutFn
 from toolgym.agents.engines.base import Completion, Engine, GenerationRequest, SamplingParams
 from toolgym.agents.inline import observation_ids
 from toolgym.agents.limits import AgentLimits
@@ -175,6 +176,7 @@ class Agent:
         rows: Sequence[Row],
         seeds: Sequence[int | None] | None = None,
         on_episode_end: Callable[[Trajectory], None] | None = None,
+        rollout_fn: RolloutFn | None = None,
     ) -> list[Trajectory]:
         """Play one episode per (environment, row); returns trajectories in input order.
 
@@ -183,6 +185,8 @@ class Agent:
             rows: Dataset rows: `prompt` (messages or text) and the `reset` arguments.
             seeds: Seeds for `reset`, e.g. shared within a GRPO group.
             on_episode_end: Called with each trajectory as its episode ends (progress bars).
+            rollout_fn: Play each episode with this async function instead of the chat or
+                inline protocol (`toolgym.agents.custom`).
         """
 
         async def with_tool_threads() -> list[Trajectory]:
@@ -190,7 +194,7 @@ class Agent:
             loop.set_default_executor(
                 ThreadPoolExecutor(self.tool_threads, thread_name_prefix="toolgym-tool")
             )
-            return await self.arun(envs, rows, seeds, on_episode_end)
+            return await self.arun(envs, rows, seeds, on_episode_end, rollout_fn)
 
         return run_coroutine(with_tool_threads())
 
@@ -210,6 +214,7 @@ class Agent:
         rows: Sequence[Row],
         seeds: Sequence[int | None] | None = None,
         on_episode_end: Callable[[Trajectory], None] | None = None,
+        rollout_fn: RolloutFn | None = None,
     ) -> list[Trajectory]:
         """The async form of `run`."""
         if len(envs) != len(rows):
@@ -221,7 +226,7 @@ class Agent:
             batcher.episode_started()
             try:
                 episode = Episode(self, as_environment(env), dict(row), seed, batcher)
-                trajectory = await episode.play()
+                trajectory = await (episode.play_with(rollout_fn) if rollout_fn else episode.play())
             finally:
                 batcher.episode_ended()
             if on_episode_end is not None:
@@ -279,9 +284,49 @@ class Episode:
                 status = await self._inline_turn(trajectory, markers)
             else:
                 status = await self._turns(trajectory, tools)
-        except _EpisodeEnd as end:
+        except EpisodeEnd as end:
             return self._finish(trajectory, end.status, end.error)
         return self._finish(trajectory, status)
+
+    async def play_with(self, rollout_fn: RolloutFn) -> Trajectory:
+        """Play the episode with a user's rollout function; its trajectory (never raises)."""
+        try:
+            first = await asyncio.to_thread(self.env.reset, seed=self.seed, **self.row)
+            context = RolloutContext(self, _prompt_messages(self.prompt, first))
+        except Exception as error:
+            return self._finish(
+                Trajectory([], messages=_prompt_messages(self.prompt, None)), "env_error", error
+            )
+        try:
+            trajectory = await rollout_fn(context, self.env)
+            if not isinstance(trajectory, Trajectory):
+                raise TypeError(
+                    f"the rollout function returned {type(trajectory).__name__}, not a Trajectory"
+                )
+        except EpisodeEnd as end:
+            return self._finish(context.trajectory or Trajectory([]), end.status, end.error)
+        except Exception as error:
+            failed = context.trajectory or Trajectory([])
+            return self._finish(failed, "env_error", f"the rollout function failed: {error!r}")
+        return self._finish(trajectory, "finished")
+
+    async def generate_for(
+        self, trajectory: Trajectory, stop_strings: list[str] | None = None
+    ) -> Completion:
+        """A completion continuing `trajectory` under the episode's limits (not appended)."""
+        return await self._generate(trajectory, stop_strings)
+
+    def decode(self, completion: Completion) -> str:
+        """A completion's text without its final stop token."""
+        return self._decode(completion)
+
+    def room(self, trajectory: Trajectory) -> int:
+        """Tokens the episode may still add (see `_room`)."""
+        return self._room(trajectory)
+
+    async def call_tools(self, calls: Any) -> Any:
+        """The environment's `astep` under the episode's tool timeout."""
+        return await self._call_tools(calls)
 
     async def _turns(self, trajectory: Trajectory, tools: list[dict]) -> Status:
         renderer = self.agent.renderer
@@ -322,7 +367,7 @@ class Episode:
             try:
                 suffix = renderer.tool_suffix_ids(step.messages, tools, stopped_on_call_end)
             except Exception as error:
-                raise _EpisodeEnd(
+                raise EpisodeEnd(
                     "env_error", f"the chat template cannot render: {error}"
                 ) from error
             if self._room(trajectory) < len(suffix):
@@ -377,11 +422,11 @@ class Episode:
         try:
             step = await asyncio.wait_for(self.env.ainline_step(text), self.limits.tool_timeout)
         except TimeoutError as error:
-            raise _EpisodeEnd(
+            raise EpisodeEnd(
                 "tool_timeout", f"inline_step took over {self.limits.tool_timeout} s"
             ) from error
         except Exception as error:
-            raise _EpisodeEnd("env_error", error) from error
+            raise EpisodeEnd("env_error", error) from error
         finally:
             self.metrics["tool_seconds"] += time.perf_counter() - started
         self.metrics["tool_calls"] += 1
@@ -403,7 +448,7 @@ class Episode:
         try:
             prompt_ids = self.agent.renderer.prompt_ids(trajectory.messages, tools)
         except Exception as error:
-            raise _EpisodeEnd("env_error", f"the chat template cannot render: {error}") from error
+            raise EpisodeEnd("env_error", f"the chat template cannot render: {error}") from error
         trajectory.prompt_ids = prompt_ids
         trajectory.completion_ids, trajectory.loss_mask, trajectory.logprobs = [], [], []
 
@@ -420,7 +465,7 @@ class Episode:
     ) -> Completion:
         room = self._room(trajectory)
         if room <= 0:
-            raise _EpisodeEnd("length")
+            raise EpisodeEnd("length")
         sampling = SamplingParams(
             max_tokens=min(self.limits.max_new_tokens, room),
             temperature=self.agent.sampling.temperature,
@@ -433,7 +478,7 @@ class Episode:
             request = GenerationRequest(trajectory.prompt_ids + trajectory.completion_ids, sampling)
             return await self.batcher.generate(request)
         except Exception as error:
-            raise _EpisodeEnd("engine_error", error) from error
+            raise EpisodeEnd("engine_error", error) from error
         finally:
             self.metrics["generation_seconds"] += time.perf_counter() - started
 
@@ -442,11 +487,11 @@ class Episode:
         try:
             step = await asyncio.wait_for(self.env.astep(calls), self.limits.tool_timeout)
         except TimeoutError as error:
-            raise _EpisodeEnd(
+            raise EpisodeEnd(
                 "tool_timeout", f"tool calls took over {self.limits.tool_timeout} s"
             ) from error
         except Exception as error:  # step() answers model mistakes itself; this is the env failing
-            raise _EpisodeEnd("env_error", error) from error
+            raise EpisodeEnd("env_error", error) from error
         finally:
             self.metrics["tool_seconds"] += time.perf_counter() - started
         self.metrics["tool_calls"] += step.info["tool_calls"]
@@ -499,12 +544,6 @@ class Episode:
         trajectory.metrics = self.metrics
         trajectory.row = {k: v for k, v in self.row.items() if _is_plain(v)}
         return trajectory
-
-
-class _EpisodeEnd(Exception):
-    def __init__(self, status: Status, error: BaseException | str | None = None) -> None:
-        super().__init__(status)
-        self.status, self.error = status, error
 
 
 def _prompt_messages(prompt: Any, first_observation: str | None) -> list[dict[str, Any]]:

@@ -29,6 +29,7 @@ from accelerate.utils import gather_object, set_seed
 from transformers import get_scheduler
 
 import toolgym
+from toolgym.agents.custom import RolloutFn
 from toolgym.agents.engines.base import SamplingParams
 from toolgym.agents.engines.hf import HFEngine
 from toolgym.agents.rollout import Agent
@@ -77,6 +78,8 @@ class GRPOTrainer:
         eval_dataset: Rows for `evaluate()` and `eval_steps`.
         env_kwargs: Constructor arguments for the environment when `env` is an id or class.
         engine: A ready engine to use instead of the one `args.engine` names.
+        rollout_fn: An async function that plays each episode instead of the chat or inline
+            protocol (`toolgym.agents.custom`), in training and evaluation.
     """
 
     def __init__(
@@ -90,8 +93,12 @@ class GRPOTrainer:
         eval_dataset: Sequence[Row] | Any = None,
         env_kwargs: dict[str, Any] | None = None,
         engine: Any = None,
+        rollout_fn: RolloutFn | None = None,
     ) -> None:
         self.args = args = args or GRPOConfig()
+        self.rollout_fn = rollout_fn
+        """Plays each episode instead of the chat or inline protocol (`toolgym.agents.custom`),
+        in training and evaluation alike."""
         self.stages = StageClock()
         """Wall time and peak memory per stage (model load, warm-up, rollouts, update...)."""
         # cpu=True on a machine without CUDA makes processes started by torchrun or
@@ -243,7 +250,9 @@ class GRPOTrainer:
         try:  # the environments (sandboxes, containers) close on every path
             envs.extend(self.make_env() for _ in share)
             with self.stages.stage("rollouts"):
-                trajectories = self.agent.run(envs, mine, [seeds[i] for i in share])
+                trajectories = self.agent.run(
+                    envs, mine, [seeds[i] for i in share], rollout_fn=self.rollout_fn
+                )
             rollout_seconds = time.perf_counter() - started
             rewards, sources = compute_rewards(
                 trajectories,
@@ -532,7 +541,9 @@ class GRPOTrainer:
         try:
             envs.extend(self.make_env() for _ in rows)
             with self.stages.stage("evaluation"):
-                trajectories = self.agent.run(envs, rows, list(range(len(rows))))
+                trajectories = self.agent.run(
+                    envs, rows, list(range(len(rows))), rollout_fn=self.rollout_fn
+                )
         finally:
             self.agent.sampling = sampling
             close_all(envs)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from toolgym.agents.trajectory import load_jsonl
 from toolgym.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,6 +63,31 @@ def test_wordle_example_quick_training_run(tmp_path):
     assert stages["evaluation"]["calls"] == 4 and stages["update"]["calls"] == 2
     assert all(stage["peak_bytes"] > 0 for stage in stages.values())
     assert len(list((tmp_path / "cache" / "warmup").iterdir())) == 1  # kept for the next run
+
+
+@pytest.mark.timeout(900)
+def test_repl_example_quick_training_run(tmp_path):
+    """`python examples/repl.py --quick`: SmolLM2 writes Python line by line in a process
+    sandbox (inline protocol) through warm-up, evaluations and GRPO steps."""
+    command = [sys.executable, str(ROOT / "examples" / "repl.py"), "--quick"]
+    environment = {**os.environ, "TOOLGYM_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run(
+        [*command, "--output-dir", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=environment,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "warm-up on 8 solutions, trained" in done.stdout
+    for line in ("greedy before", "sampled after", "greedy change", "lines that raise"):
+        assert line in done.stdout
+    out = tmp_path / "run"
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2] and all(math.isfinite(m["loss"]) for m in metrics)
+    episodes = load_jsonl(out / "eval-after-greedy.jsonl")
+    assert all(e.metrics["tool_calls"] >= 1 for e in episodes)  # it wrote lines that ran
+    assert all(0 in e.loss_mask or e.status == "length" for e in episodes)
 
 
 def test_eval_and_play_with_a_model_folder(tmp_path, capsys):

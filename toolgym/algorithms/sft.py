@@ -2,7 +2,9 @@
 
 Small models often cannot call tools at all at first (SmolLM2-135M made no valid tool call in
 8 Wordle episodes), so GRPO has nothing to compare. An environment that implements
-`demonstration()` (Wordle's expert does) supplies expert tool calls; they are played through
+`demonstration()` (Wordle's expert does) supplies expert tool calls (or, for inline
+environments, the pieces of text the expert writes, e.g. `PythonLines-v0`'s lines); they are
+played through
 the real agent loop with a scripted engine, so a demonstration is a `Trajectory` with exactly
 the tokens, masks and tool results a model would see, and the warm-up trains on the
 assistant tokens only (loss mask 1), like the policy-gradient loss.
@@ -63,13 +65,16 @@ def demonstrations(
             if turns is None:
                 name = type(expert).__name__
                 raise ValueError(f"{name} offers no demonstrations (demonstration())")
-            replies = [
-                agent.renderer.assistant_ids(_assistant_message(calls), expert.tools)
-                for calls in turns
-            ]
+            if getattr(expert, "inline_markers", ()):  # the pieces of text the expert writes
+                replies = [tokenizer.encode(piece, add_special_tokens=False) for piece in turns]
+            else:
+                replies = [
+                    agent.renderer.assistant_ids(_assistant_message(calls), expert.tools)
+                    for calls in turns
+                ]
         finally:
             expert.close()
-        agent.engine = ScriptedEngine(replies)
+        agent.engine = ScriptedEngine(replies, tokenizer=tokenizer)
         agent.limits = AgentLimits(
             max_turns=len(replies), max_new_tokens=max(map(len, replies)), max_episode_tokens=10**9
         )

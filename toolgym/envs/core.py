@@ -96,8 +96,10 @@ class Environment:
         """Like `inline_step`, without blocking the event loop (it runs in a worker thread)."""
         return await self.stepper.ainline_step(text)
 
-    def demonstration(self) -> list[list[ToolCall]] | None:
-        """An expert's tool calls for the current episode, one list per turn (for SFT warm-up).
+    def demonstration(self) -> list[list[ToolCall]] | list[str] | None:
+        """An expert's tool calls for the current episode, one list per turn (for SFT warm-up);
+        for inline environments, the pieces of text the expert writes, each ending with a
+        marker.
 
         Called right after `reset`; it must not change the episode's state. The default has
         no expert and returns None.

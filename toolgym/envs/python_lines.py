@@ -46,10 +46,22 @@ class PythonLines(PythonREPL):
         self.pending = ""
         self.submitted: str | None = None
 
-    def reset(self, task: str | None = None, answer: str | None = None) -> str | None:
-        """Start a fresh session; `task` is shown to the model, `answer` grades `submit`."""
-        self.pending, self.submitted = "", None
+    def reset(
+        self,
+        task: str | None = None,
+        answer: str | None = None,
+        solution: list[str] | None = None,
+    ) -> str | None:
+        """Start a fresh session; `task` is shown to the model, `answer` grades `submit`,
+        `solution` (lines an expert writes) is the demonstration."""
+        self.pending, self.submitted, self.solution = "", None, solution
         return super().reset(task=task, answer=answer)
+
+    def demonstration(self) -> list[str] | None:
+        """The row's solution lines (each ending with a newline), or None."""
+        return [
+            line if line.endswith("\n") else line + "\n" for line in self.solution or []
+        ] or None
 
     def inline_step(self, text: str) -> InlineStep:
         """Run the statement this line completes; its output is the observation."""
@@ -129,20 +141,49 @@ def _plain(value_repr: str) -> str:
     return str(value).strip()
 
 
+_PROBLEMS = (
+    (
+        "A shop has {a} boxes of {b} apples and sells {c} apples. How many apples are left?",
+        ["boxes = {a}", "per_box = {b}", "sold = {c}", "left = boxes * per_box - sold"],
+        lambda a, b, c: a * b - c,
+    ),
+    (
+        "A ticket costs {a} dollars. A group buys {b} tickets and pays {c} dollars in fees. "
+        "What do they pay in total?",
+        ["price = {a}", "tickets = {b}", "fees = {c}", "total = price * tickets + fees"],
+        lambda a, b, c: a * b + c,
+    ),
+    (
+        "A train runs {a} km, then {b} km more, and repeats the whole trip {c} times. "
+        "How many km does it run?",
+        ["trip = {a} + {b}", "times = {c}", "total = trip * times"],
+        lambda a, b, c: (a + b) * c,
+    ),
+)
+
+
 def python_lines_dataset(n: int, seed: int = 0) -> list[dict[str, Any]]:
-    """Arithmetic word problems whose answers are easiest to compute with a few lines."""
+    """Arithmetic word problems (three kinds) that a few lines of Python solve, with the
+    lines an expert writes (`solution`) for warm-up demonstrations."""
     import random
 
     rng = random.Random(seed)
     rows = []
     for _ in range(n):
-        boxes, per_box, eaten = rng.randint(12, 99), rng.randint(12, 99), rng.randint(10, 500)
+        question, lines, answer = rng.choice(_PROBLEMS)
+        a, b, c = rng.randint(12, 99), rng.randint(12, 99), rng.randint(10, 500)
         task = (
-            f"A shop has {boxes} boxes of {per_box} apples and sells {eaten} apples. How many "
-            "apples are left? Write Python one line at a time; each line runs as you write it. "
-            "End with submit(<expression>)."
+            f"{question.format(a=a, b=b, c=c)} Write Python one line at a time; each line runs "
+            "as you write it and you see its output. End with submit(<expression>)."
         )
+        result = lines[-1].split(" = ")[0]
+        solution = [line.format(a=a, b=b, c=c) for line in lines]
+        solution += [f"print({result})", f"submit({result})"]
         rows.append(
-            {"prompt": [{"role": "user", "content": task}], "answer": str(boxes * per_box - eaten)}
+            {
+                "prompt": [{"role": "user", "content": task}],
+                "answer": str(answer(a, b, c)),
+                "solution": solution,
+            }
         )
     return rows

@@ -266,11 +266,14 @@ class RemoteExecutor(Executor):
     def inline(self, text: str) -> InlineStep:
         return as_inline_step(self.request("invoke", name="inline_step", args=[text]))
 
-    def demonstration(self) -> list[list[ToolCall]] | None:
+    def demonstration(self) -> list[list[ToolCall]] | list[str] | None:
         turns = self.request("invoke", name="demonstration")
         if turns is None:
             return None
-        return [[ToolCall(c["name"], c["arguments"]) for c in turn] for turn in turns]
+        return [
+            turn if isinstance(turn, str) else [ToolCall(c["name"], c["arguments"]) for c in turn]
+            for turn in turns
+        ]
 
     def close(self) -> None:
         """Stop the worker (the environment's own `close` runs there first)."""

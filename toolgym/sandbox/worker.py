@@ -165,7 +165,12 @@ class Worker:
         turns = executor.demonstration()
         if turns is None:
             return None
-        return [[{"name": c.name, "arguments": c.arguments} for c in turn] for turn in turns]
+        return [
+            turn
+            if isinstance(turn, str)  # an inline environment's piece of text
+            else [{"name": c.name, "arguments": c.arguments} for c in turn]
+            for turn in turns
+        ]
 
     def _op_ping(self, request: dict[str, Any]) -> str:
         return "pong"

@@ -11,6 +11,7 @@ from helpers import inline_agent
 from sandbox_envs import InlineCalculator
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
+import toolgym
 from toolgym.agents import Agent, AgentLimits, HFEngine
 from toolgym.agents.engines.base import GenerationRequest, SamplingParams
 from toolgym.agents.inline import observation_ids
@@ -314,3 +315,37 @@ def test_the_trainer_uses_per_step_rewards_of_a_live_repl(tmp_path, mode):
         assert [t.reward for t in samples] == pytest.approx(totals)
     else:
         assert all(t.reward == 0.0 for t in samples)
+
+
+def test_review_fixes_a_last_line_still_runs_and_broken_environments_end_one_episode():
+    """A submit() the model ends its turn on counts, plain text is never graded; a NaN step
+    reward and a final_answer that raises end their own episode with env_error; a final
+    observation that does not fit does not hide that the environment ended the episode."""
+    env = PythonLines()
+    env.reset(answer="7")
+    env.final_answer("403")
+    assert env.reward == 0.0 and not env.done
+    env.final_answer("x = 3 + 4\nsubmit(x)")  # the block's first line runs, then...
+    env.reset(answer="7")
+    env.inline_step("x = 3 + 4\n")
+    env.final_answer("submit(x)")  # ...a last line without its newline still runs
+    assert env.reward == 1.0 and env.done
+    env.close()
+
+    class NotANumber(InlineCalculator):
+        def inline_step(self, text):
+            return toolgym.InlineStep("<output>?</output>", reward=float("nan"))
+
+    class BrokenGrader(InlineCalculator):
+        def final_answer(self, text):
+            raise RuntimeError("the grader died")
+
+    tokenizer = tiny_tokenizer()
+    agent = inline_agent(tokenizer, ["<code>1</code>", "done<|im_end|>"])
+    nan, broken = agent.run([NotANumber(), BrokenGrader()], [{"prompt": "x"}] * 2)
+    assert nan.status == "env_error" and "not a finite number" in nan.error
+    assert broken.status == "env_error" and "the grader died" in broken.error
+    tight = inline_agent(tokenizer, ["<code>stop</code>"], max_episode_tokens=14)
+    (ended,) = tight.run([InlineCalculator()], [{"prompt": "x"}])
+    assert ended.status == "env_done"
+    assert "bye" not in tokenizer.decode(ended.completion_ids)  # the observation did not fit

@@ -14,9 +14,10 @@
 Everything goes through the episode's own machinery: requests join the agent's batches (or
 the engine's continuous batching), `AgentLimits` apply (`max_turns` counts `generate` calls,
 the token budget and the context length count every token), tokens are never re-tokenized,
-and failures end the episode with the usual statuses: a limit gives `length` or
-`max_turns`, a tool that hangs `tool_timeout`, the engine `engine_error`, and an exception in
-the function or the environment `env_error`. The episode's reward is the environment's
+and failures end the episode with the usual statuses: a limit gives `length` (also when the
+last `generate` stopped at `max_new_tokens`) or `max_turns`, a tool that hangs
+`tool_timeout`, the engine `engine_error`, and an exception in the function or the
+environment `env_error`. The episode's reward is the environment's
 `get_reward()` after the function returns.
 """
 
@@ -68,6 +69,8 @@ class RolloutContext:
         self.messages = messages
         self.tools: list[dict[str, Any]] = episode.env.tools
         self.trajectory: Trajectory | None = None
+        self.hit_length = False
+        """The last `generate` stopped at `max_new_tokens` (the episode then ends `length`)."""
 
     @property
     def tokenizer(self) -> Any:
@@ -101,6 +104,7 @@ class RolloutContext:
         completion = await episode.generate_for(trajectory, stop_strings)
         episode.metrics["turns"] += 1
         trajectory.append(completion.token_ids, sampled=True, logprobs=completion.logprobs)
+        self.hit_length = completion.finish_reason == "length"
         stops = episode.agent.renderer.stop_token_ids
         ended = (
             completion.finish_reason == "stop"

@@ -308,7 +308,7 @@ class Episode:
         except Exception as error:
             failed = context.trajectory or Trajectory([])
             return self._finish(failed, "env_error", f"the rollout function failed: {error!r}")
-        return self._finish(trajectory, "finished")
+        return self._finish(trajectory, "length" if context.hit_length else "finished")
 
     async def generate_for(
         self, trajectory: Trajectory, stop_strings: list[str] | None = None
@@ -351,7 +351,7 @@ class Episode:
             if completion.finish_reason == "length":
                 return "length"
             if not parsed.tool_calls:
-                self.env.final_answer(parsed.content)
+                await self._final_answer(parsed.content)
                 return "finished"
             step = await self._call_tools(parsed.tool_calls)
             trajectory.messages.extend(step.messages)
@@ -392,7 +392,7 @@ class Episode:
                 if completion.token_ids[-1:] and (
                     completion.token_ids[-1] in self.agent.renderer.stop_token_ids
                 ):
-                    self.env.final_answer(text)
+                    await self._final_answer(text)
                     return "finished"
                 step = await self._inline_step(text)
                 trajectory.step_rewards.append(
@@ -403,9 +403,11 @@ class Episode:
                         self.agent.tokenizer, trajectory.completion_ids, step.observation
                     )
                     self.metrics["inexact_observations"] += not exact
-                    if self._room(trajectory) < len(ids):
+                    fits = self._room(trajectory) >= len(ids)
+                    if fits:
+                        trajectory.append(ids, sampled=False)
+                    elif not step.done:  # a last observation that does not fit is dropped
                         return "length"
-                    trajectory.append(ids, sampled=False)
                 if step.done:
                     return "env_done"
                 if getattr(self.env, "truncated", False):
@@ -416,6 +418,23 @@ class Episode:
                 trajectory.completion_ids[start:], skip_special_tokens=False
             )
             trajectory.messages.append({"role": "assistant", "content": text, "raw_content": text})
+
+    async def _final_answer(self, text: str) -> None:
+        """The environment's `final_answer`, off the event loop and under the tool timeout
+        (a sandbox that died or hangs ends this episode, not the run)."""
+        started = time.perf_counter()
+        try:
+            await asyncio.wait_for(
+                asyncio.to_thread(self.env.final_answer, text), self.limits.tool_timeout
+            )
+        except TimeoutError as error:
+            raise EpisodeEnd(
+                "tool_timeout", f"final_answer took over {self.limits.tool_timeout} s"
+            ) from error
+        except Exception as error:
+            raise EpisodeEnd("env_error", f"final_answer failed: {error!r}") from error
+        finally:
+            self.metrics["tool_seconds"] += time.perf_counter() - started
 
     async def _inline_step(self, text: str) -> InlineStep:
         started = time.perf_counter()

@@ -45,7 +45,7 @@ def save_random_states(folder: str | Path, rank: int) -> None:
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():  # sampling on a GPU draws from the CUDA generators
-        states["cuda"] = torch.cuda.get_rng_state_all()
+        states["cuda"] = torch.cuda.get_rng_state()  # this process's device
     Path(folder).mkdir(parents=True, exist_ok=True)
     torch.save(states, Path(folder) / f"rng-{rank}.pt")
 
@@ -85,7 +85,7 @@ def load_checkpoint(
     np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, cached))
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+        torch.cuda.set_rng_state(states["cuda"])
     return int(json.loads((folder / "trainer_state.json").read_text())["step"])
 
 

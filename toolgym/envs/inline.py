@@ -7,6 +7,7 @@ a limit is reached."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -36,13 +37,18 @@ class InlineStep:
 
 def as_inline_step(value: Any) -> InlineStep:
     """What `inline_step` returned, as an `InlineStep`: a string is an observation, None is
-    nothing to add, a dict holds the fields."""
+    nothing to add, a dict holds the fields. A reward that is not a finite number is an error
+    (one NaN would poison its whole group)."""
+    if isinstance(value, dict):
+        value = InlineStep(**value)
     if isinstance(value, InlineStep):
+        reward = float(value.reward)
+        if not math.isfinite(reward):
+            raise ValueError(f"inline_step returned the reward {reward}, not a finite number")
+        value.reward = reward
         return value
     if value is None or isinstance(value, str):
         return InlineStep(observation=value)
-    if isinstance(value, dict):
-        return InlineStep(**value)
     raise TypeError(
         f"inline_step must return an InlineStep, a string or None, not {type(value).__name__}"
     )

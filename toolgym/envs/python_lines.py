@@ -72,7 +72,7 @@ class PythonLines(PythonREPL):
                 warnings.simplefilter("ignore", SyntaxWarning)
                 # as the console does: without the last newline, an open block stays open
                 compiled = codeop.compile_command(source[:-1], "<line>", "single")
-        except (SyntaxError, ValueError, OverflowError) as error:
+        except Exception as error:  # SyntaxError, or what huge input makes codeop raise
             self.pending = ""
             return InlineStep(
                 f"{type(error).__name__}: {error.args[0]}\n", self.error_reward, failed=True
@@ -87,8 +87,18 @@ class PythonLines(PythonREPL):
             return self._submit(argument)
         return self._run(source)
 
+    def final_answer(self, text: str) -> None:
+        """The model ended its turn: a last line it did not end with a newline still runs (a
+        final `submit(...)` counts); plain text is never graded."""
+        if text.strip():
+            self.inline_step(text)
+
     def _run(self, source: str) -> InlineStep:
-        output = self.session.run(source)
+        try:
+            output = self.session.run(source)
+        except Exception as error:  # the session cannot start again (the model's code can
+            # kill what starts sessions): this episode's step fails, the run goes on
+            return InlineStep(f"session: {error}\n", self.error_reward, failed=True)
         failed = bool(output.stderr and "Traceback" in output.stderr) or output.ended is not None
         lines = [output.stdout.rstrip("\n")] if output.stdout else []
         if output.value is not None:
@@ -101,7 +111,10 @@ class PythonLines(PythonREPL):
         return InlineStep(observation, self.error_reward if failed else 0.0, failed=failed)
 
     def _submit(self, argument: str) -> InlineStep:
-        output = self.session.run(argument)
+        try:
+            output = self.session.run(argument)
+        except Exception as error:
+            return InlineStep(f"submit failed: {error}\n", self.error_reward, failed=True)
         if output.value is None:
             why = output.stderr.strip().splitlines()[-1] if output.stderr else "no value"
             return InlineStep(f"submit failed: {why}\n", self.error_reward, failed=True)

@@ -31,7 +31,6 @@ from toolgym.agents.inline import observation_ids
 from toolgym.agents.trajectory import Status, Trajectory
 
 if TYPE_CHECKING:
-    from toolgym.agents.rollout import Episode
     from toolgym.envs.calls import StepResult
 
 
@@ -64,8 +63,8 @@ class RolloutContext:
         trajectory: The trajectory `start` made last (the one a failure status goes to).
     """
 
-    def __init__(self, episode: Episode, messages: list[dict[str, Any]]) -> None:
-        self._episode = episode
+    def __init__(self, episode: Any, messages: list[dict[str, Any]]) -> None:
+        self._episode = episode  # the `rollout.Episode` being played (not imported: no cycle)
         self.messages = messages
         self.tools: list[dict[str, Any]] = episode.env.tools
         self.trajectory: Trajectory | None = None

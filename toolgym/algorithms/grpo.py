@@ -96,9 +96,7 @@ class GRPOTrainer:
         rollout_fn: RolloutFn | None = None,
     ) -> None:
         self.args = args = args or GRPOConfig()
-        self.rollout_fn = rollout_fn
-        """Plays each episode instead of the chat or inline protocol (`toolgym.agents.custom`),
-        in training and evaluation alike."""
+        self.rollout_fn = rollout_fn  # plays episodes in training and evaluation alike
         self.stages = StageClock()
         """Wall time and peak memory per stage (model load, warm-up, rollouts, update...)."""
         # cpu=True on a machine without CUDA makes processes started by torchrun or
@@ -141,7 +139,11 @@ class GRPOTrainer:
         self._train_started, self._train_first_step = 0.0, 0
         self.warmup_cached_from: Path | None = None  # the entry the last warmup() loaded
         self.log = MetricsLog(self.output_dir, args.report_to, args.to_dict())
-        if args.max_staleness and isinstance(self.engine, HFEngine):
+        self._check_pipelining()
+
+    def _check_pipelining(self) -> None:
+        """Refuse `max_staleness` with an engine that shares the policy's weights."""
+        if self.args.max_staleness and isinstance(self.engine, HFEngine):
             raise ValueError(
                 "max_staleness > 0 plays rollouts while the update runs, which needs an engine "
                 "with its own copy of the weights: engine='vllm' or 'vllm-server'"

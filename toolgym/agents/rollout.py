@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from toolgym.agents.chat import ChatRenderer
 from toolgym.agents.custom import EpisodeEnd, RolloutContext, RolloutFn
@@ -30,6 +30,7 @@ from toolgym.envs.stepping import as_environment
 from toolgym.envs.tools import valid_text
 
 Row = dict[str, Any]
+T = TypeVar("T")
 
 
 class RequestBatcher:
@@ -422,32 +423,10 @@ class Episode:
     async def _final_answer(self, text: str) -> None:
         """The environment's `final_answer`, off the event loop and under the tool timeout
         (a sandbox that died or hangs ends this episode, not the run)."""
-        started = time.perf_counter()
-        try:
-            await asyncio.wait_for(
-                asyncio.to_thread(self.env.final_answer, text), self.limits.tool_timeout
-            )
-        except TimeoutError as error:
-            raise EpisodeEnd(
-                "tool_timeout", f"final_answer took over {self.limits.tool_timeout} s"
-            ) from error
-        except Exception as error:
-            raise EpisodeEnd("env_error", f"final_answer failed: {error!r}") from error
-        finally:
-            self.metrics["tool_seconds"] += time.perf_counter() - started
+        await self._env_call(asyncio.to_thread(self.env.final_answer, text), "final_answer")
 
     async def _inline_step(self, text: str) -> InlineStep:
-        started = time.perf_counter()
-        try:
-            step = await asyncio.wait_for(self.env.ainline_step(text), self.limits.tool_timeout)
-        except TimeoutError as error:
-            raise EpisodeEnd(
-                "tool_timeout", f"inline_step took over {self.limits.tool_timeout} s"
-            ) from error
-        except Exception as error:
-            raise EpisodeEnd("env_error", error) from error
-        finally:
-            self.metrics["tool_seconds"] += time.perf_counter() - started
+        step = await self._env_call(self.env.ainline_step(text), "inline_step")
         self.metrics["tool_calls"] += 1
         self.metrics["tool_failures"] += step.failed
         return step
@@ -502,20 +481,26 @@ class Episode:
             self.metrics["generation_seconds"] += time.perf_counter() - started
 
     async def _call_tools(self, calls: list) -> Any:
-        started = time.perf_counter()
-        try:
-            step = await asyncio.wait_for(self.env.astep(calls), self.limits.tool_timeout)
-        except TimeoutError as error:
-            raise EpisodeEnd(
-                "tool_timeout", f"tool calls took over {self.limits.tool_timeout} s"
-            ) from error
-        except Exception as error:  # step() answers model mistakes itself; this is the env failing
-            raise EpisodeEnd("env_error", error) from error
-        finally:
-            self.metrics["tool_seconds"] += time.perf_counter() - started
+        step = await self._env_call(self.env.astep(calls), "tool calls")
         self.metrics["tool_calls"] += step.info["tool_calls"]
         self.metrics["tool_failures"] += step.info["tool_failures"]
         return step
+
+    async def _env_call(self, call: Awaitable[T], what: str) -> T:
+        """An environment coroutine under the tool timeout, its time counted as tool time: a
+        hang ends the episode `tool_timeout`, an exception `env_error` (model mistakes never
+        raise out of the environment; this is the environment itself failing)."""
+        started = time.perf_counter()
+        try:
+            return await asyncio.wait_for(call, self.limits.tool_timeout)
+        except TimeoutError as error:
+            raise EpisodeEnd(
+                "tool_timeout", f"{what} took over {self.limits.tool_timeout} s"
+            ) from error
+        except Exception as error:
+            raise EpisodeEnd("env_error", error) from error
+        finally:
+            self.metrics["tool_seconds"] += time.perf_counter() - started
 
     def _decode(self, completion: Completion) -> str:
         ids = completion.token_ids

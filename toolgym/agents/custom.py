@@ -100,7 +100,7 @@ class RolloutContext:
         episode = self._episode
         if episode.metrics["turns"] >= episode.limits.max_turns:
             raise EpisodeEnd("max_turns")
-        completion = await episode.generate_for(trajectory, stop_strings)
+        completion = await episode.generate(trajectory, stop_strings)
         episode.metrics["turns"] += 1
         trajectory.append(completion.token_ids, sampled=True, logprobs=completion.logprobs)
         self.hit_length = completion.finish_reason == "length"

@@ -311,30 +311,12 @@ class Episode:
             return self._finish(failed, "env_error", f"the rollout function failed: {error!r}")
         return self._finish(trajectory, "length" if context.hit_length else "finished")
 
-    async def generate_for(
-        self, trajectory: Trajectory, stop_strings: list[str] | None = None
-    ) -> Completion:
-        """A completion continuing `trajectory` under the episode's limits (not appended)."""
-        return await self._generate(trajectory, stop_strings)
-
-    def decode(self, completion: Completion) -> str:
-        """A completion's text without its final stop token."""
-        return self._decode(completion)
-
-    def room(self, trajectory: Trajectory) -> int:
-        """Tokens the episode may still add (see `_room`)."""
-        return self._room(trajectory)
-
-    async def call_tools(self, calls: Any) -> Any:
-        """The environment's `astep` under the episode's tool timeout."""
-        return await self._call_tools(calls)
-
     async def _turns(self, trajectory: Trajectory, tools: list[dict]) -> Status:
         renderer = self.agent.renderer
         for turn in range(self.limits.max_turns):
             if renderer.per_turn and turn > 0:
                 self._start_turn_sample(trajectory, tools)
-            completion = await self._generate(trajectory)
+            completion = await self.generate(trajectory)
             self.metrics["turns"] += 1
             trajectory.append(completion.token_ids, sampled=True, logprobs=completion.logprobs)
             if renderer.per_turn:
@@ -345,7 +327,7 @@ class Episode:
                         "logprobs": list(completion.logprobs),
                     }
                 )
-            text = self._decode(completion)
+            text = self.decode(completion)
             parsed = _with_call_ids(self._parse(text, tools), turn)
             self.metrics["parse_failures"] += parsed.failures
             trajectory.messages.append(_assistant_message(text, parsed))
@@ -354,7 +336,7 @@ class Episode:
             if not parsed.tool_calls:
                 await self._final_answer(parsed.content)
                 return "finished"
-            step = await self._call_tools(parsed.tool_calls)
+            step = await self.call_tools(parsed.tool_calls)
             trajectory.messages.extend(step.messages)
             if step.terminated:
                 return "finished" if step.info.get("answered") else "env_done"
@@ -371,7 +353,7 @@ class Episode:
                 raise EpisodeEnd(
                     "env_error", f"the chat template cannot render: {error}"
                 ) from error
-            if self._room(trajectory) < len(suffix):
+            if self.room(trajectory) < len(suffix):
                 return "length"
             trajectory.append(suffix, sampled=False)
         return "max_turns"
@@ -384,12 +366,12 @@ class Episode:
         start = len(trajectory.completion_ids)
         try:
             for _ in range(self.limits.max_turns):
-                completion = await self._generate(trajectory, stop_strings=markers)
+                completion = await self.generate(trajectory, stop_strings=markers)
                 self.metrics["turns"] += 1
                 trajectory.append(completion.token_ids, sampled=True, logprobs=completion.logprobs)
                 if completion.finish_reason == "length":
                     return "length"
-                text = self._decode(completion)
+                text = self.decode(completion)
                 if completion.token_ids[-1:] and (
                     completion.token_ids[-1] in self.agent.renderer.stop_token_ids
                 ):
@@ -404,7 +386,7 @@ class Episode:
                         self.agent.tokenizer, trajectory.completion_ids, step.observation
                     )
                     self.metrics["inexact_observations"] += not exact
-                    fits = self._room(trajectory) >= len(ids)
+                    fits = self.room(trajectory) >= len(ids)
                     if fits:
                         trajectory.append(ids, sampled=False)
                     elif not step.done:  # a last observation that does not fit is dropped
@@ -450,7 +432,7 @@ class Episode:
         trajectory.prompt_ids = prompt_ids
         trajectory.completion_ids, trajectory.loss_mask, trajectory.logprobs = [], [], []
 
-    def _room(self, trajectory: Trajectory) -> int:
+    def room(self, trajectory: Trajectory) -> int:
         """Tokens the next turn may still add: the episode budget counts every token after the
         first prompt (model and observation), the context counts the whole sequence."""
         length = len(trajectory.prompt_ids) + len(trajectory.completion_ids)
@@ -458,10 +440,11 @@ class Episode:
         context = self.agent.engine.context_length - length
         return min(self.limits.max_episode_tokens - used, context)
 
-    async def _generate(
+    async def generate(
         self, trajectory: Trajectory, stop_strings: list[str] | None = None
     ) -> Completion:
-        room = self._room(trajectory)
+        """A completion continuing `trajectory` under the episode's limits (not appended)."""
+        room = self.room(trajectory)
         if room <= 0:
             raise EpisodeEnd("length")
         sampling = SamplingParams(
@@ -480,7 +463,8 @@ class Episode:
         finally:
             self.metrics["generation_seconds"] += time.perf_counter() - started
 
-    async def _call_tools(self, calls: list) -> Any:
+    async def call_tools(self, calls: Any) -> Any:
+        """The environment's `astep` under the tool timeout; counts calls and failures."""
         step = await self._env_call(self.env.astep(calls), "tool calls")
         self.metrics["tool_calls"] += step.info["tool_calls"]
         self.metrics["tool_failures"] += step.info["tool_failures"]
@@ -502,7 +486,8 @@ class Episode:
         finally:
             self.metrics["tool_seconds"] += time.perf_counter() - started
 
-    def _decode(self, completion: Completion) -> str:
+    def decode(self, completion: Completion) -> str:
+        """A completion's text without its final stop token."""
         ids = completion.token_ids
         if (
             completion.finish_reason == "stop"

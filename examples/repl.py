@@ -51,6 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output-dir", default="runs/repl")
     parser.add_argument("--time-budget", type=parse_duration, default="20m")
     parser.add_argument("--no-cache", action="store_true", help="do not use the warm-up cache")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show vLLM's log lines in the terminal (default: OUTPUT_DIR/engine.log)",
+    )
     parser.add_argument("--quick", action="store_true", help="a few small steps (smoke test)")
     return parser
 
@@ -72,6 +77,7 @@ def config_from(args: argparse.Namespace) -> GRPOConfig:
         sandbox=args.sandbox,
         step_rewards="return",
         save_steps=0,
+        verbose=args.verbose,
     )
 
 
@@ -151,6 +157,7 @@ def main() -> None:
     print("\n" + summary_table(before, after))
     print("\n" + trainer.stages.table())
     print(f"\nwall time {time.perf_counter() - started:.0f} s; samples and metrics in {out}")
+    print(f"episodes: toolgym view {out}")
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ from toolgym.agents import AgentLimits
 from toolgym.agents.trajectory import load_jsonl
 from toolgym.algorithms import GRPOConfig, GRPOTrainer, SFTConfig, default_cache_dir
 from toolgym.algorithms.tracking import plot_rewards
-from toolgym.envs.wordle import WordleExpert, allowed_words
+from toolgym.envs.wordle import WordleExpert
 
 
 def play_expert(games: int, seed: int) -> None:
@@ -84,22 +84,8 @@ def config_from(args: argparse.Namespace) -> GRPOConfig:
         success_threshold=1.0,
         save_steps=0,
         max_staleness=args.max_staleness,
+        verbose=args.verbose,
     )
-
-
-def distinct_words(episodes: list) -> float:
-    """Distinct valid words guessed per game (a repeated word is a valid guess that earns
-    nothing, so "valid guesses" alone can hide a policy that repeats one word)."""
-    counts = []
-    for episode in episodes:
-        words = {
-            str(call["function"]["arguments"].get("word", "")).strip().lower()
-            for message in episode.messages
-            for call in message.get("tool_calls") or []
-        }
-        answer = episode.row["answer"]
-        counts.append(sum(w in allowed_words() or w == answer for w in words))
-    return statistics.mean(counts)
 
 
 def evaluate(trainer: GRPOTrainer, stage: str) -> dict[str, dict]:
@@ -112,7 +98,6 @@ def evaluate(trainer: GRPOTrainer, stage: str) -> dict[str, dict]:
         samples = f"eval-{stage}-{mode}.jsonl"
         figures[mode] = trainer.evaluate(temperature=temperature, samples_file=samples)
         episodes = load_jsonl(Path(trainer.args.output_dir) / samples)
-        figures[mode]["distinct_words"] = distinct_words(episodes)
         figures[mode]["rewards"] = [episode.reward for episode in episodes]
         print(
             f"{stage} GRPO ({mode}): mean reward {figures[mode]['reward']:.3f}, "
@@ -128,27 +113,35 @@ def paired_difference(before: list[float], after: list[float]) -> tuple[float, f
     return statistics.fmean(differences), error
 
 
+SKILLS = {  # Wordle's episode metrics, as the summary table shows them
+    "valid_guesses": "valid",
+    "distinct_words": "distinct",
+    "consistent_guesses": "consistent",
+    "greens_found": "greens",
+    "yellows_found": "yellows",
+}
+
+
 def summary_table(before: dict[str, dict], after: dict[str, dict]) -> str:
-    """Before/after x greedy/sampled: reward, win rate, valid and distinct guesses, statuses,
-    and the paired difference of the reward over the same held-out games."""
-    lines = [
-        f"{'held-out games':<16} {'reward':>16} {'win rate':>8} {'valid':>6} {'distinct':>8}  "
-        "statuses"
-    ]
+    """Before/after x greedy/sampled: reward, win rate, the skills (Wordle's episode metrics,
+    per game), statuses, and the paired difference of the reward over the same games."""
+    header = f"{'held-out games':<16} {'reward':>16} {'win rate':>8} "
+    lines = [header + " ".join(f"{name:>10}" for name in SKILLS.values()) + "  statuses"]
     for mode in ("greedy", "sampled"):
         for stage, figures in (("before", before[mode]), ("after", after[mode])):
+            skills = " ".join(f"{figures['env'][key]:>10.2f}" for key in SKILLS)
             lines.append(
                 f"{mode + ' ' + stage:<16} {figures['reward']:>16.3f} "
-                f"{figures['success_rate']:>8.1%} {figures['valid_tool_calls']:>6.2f} "
-                f"{figures['distinct_words']:>8.2f}  {figures['statuses']}"
+                f"{figures['success_rate']:>8.1%} {skills}  {figures['statuses']}"
             )
         mean, error = paired_difference(before[mode]["rewards"], after[mode]["rewards"])
         ratio = f" ({mean / error:+.1f} SE)" if error else ""
         lines.append(f"{mode + ' change':<16} {f'{mean:+.3f} ± {error:.3f}':>16}{ratio}")
     games = before["greedy"]["episodes"]
     lines.append(
-        f"({games} games each; valid, distinct: valid and distinct real-word guesses per game; "
-        "change: after - before, paired by game, ± one standard error)"
+        f"({games} games each; per game: valid and distinct real words guessed, guesses after "
+        "the first consistent with all the feedback before them, green positions and yellow "
+        "letters found; change: after - before, paired by game, ± one standard error)"
     )
     return "\n".join(lines)
 
@@ -224,6 +217,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="neither load the warm-up from the cache nor store it there (the cache: "
         "$TOOLGYM_CACHE, else ~/.cache/toolgym)",
+    )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show vLLM's log lines in the terminal (default: OUTPUT_DIR/engine.log)",
     )
     parser.add_argument("--quick", action="store_true", help="a few small steps (smoke test)")
     parser.add_argument("--expert", action="store_true", help="only play the expert")
@@ -305,6 +303,8 @@ def finish(trainer: GRPOTrainer, before: dict, after: dict) -> None:
     print("\n" + summary_table(before, after))
     print("\n" + trainer.stages.table())
     print(f"\nplot: {out / 'rewards.png'}; metrics: {out / 'metrics.jsonl'}; {out / 'stages.json'}")
+    if trainer.engine_log:
+        print(f"engine log: {trainer.engine_log}; episodes: toolgym view {out}")
 
 
 if __name__ == "__main__":

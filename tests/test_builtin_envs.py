@@ -62,6 +62,23 @@ def test_win_reward_and_game_over():
     assert after.info["failures"][0]["kind"] == "episode_over"
 
 
+def test_wordle_episode_metrics_name_the_skills_behind_the_reward():
+    env = toolgym.make("Wordle-v0")
+    env.reset(answer="crane")
+    assert env.episode_metrics()["valid_guesses"] == 0
+    # slate: --G-G; "grace" fits that (and gets -GGYG); "slate" again does not fit; "xyzzy" is
+    # not a word (no guess used); "crane" fits both and wins
+    play(env, "slate", "grace", "slate", "xyzzy", "crane")
+    assert env.episode_metrics() == {
+        "valid_guesses": 4.0,
+        "distinct_words": 3.0,
+        "consistent_guesses": 2.0,  # grace and crane
+        "greens_found": 5.0,
+        "yellows_found": 1.0,  # the c of "grace"
+        "win": 1.0,
+    }
+
+
 def test_six_wrong_guesses_lose():
     env = toolgym.make("Wordle-v0")
     env.reset(answer="crane")

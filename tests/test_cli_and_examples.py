@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -59,6 +61,13 @@ def test_wordle_example_quick_training_run(tmp_path):
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2]
     assert all(math.isfinite(m["loss"]) for m in metrics)
+    assert all(0 <= m["env/valid_guesses"] <= 6 and "env/win" in m for m in metrics)
+    assert "consistent" in done.stdout and "yellows" in done.stdout  # the skills, per game
+    terminal = done.stdout + done.stderr
+    # engine logs go to the run folder; the terminal keeps stages, progress and results
+    assert "cpu_worker.py" not in terminal and "Loading weights" not in terminal
+    if importlib.util.find_spec("vllm"):  # the example's engine when installed
+        assert "cpu_worker.py" in (out / "engine.log").read_text()
     stages = json.loads((out / "stages.json").read_text())["stages"]
     assert stages["evaluation"]["calls"] == 4 and stages["update"]["calls"] == 2
     assert all(stage["peak_bytes"] > 0 for stage in stages.values())
@@ -114,7 +123,9 @@ def test_eval_and_play_with_a_model_folder(tmp_path, capsys):
         assert sum(summary["statuses"].values()) == 3 and "env_error" not in summary["statuses"]
     assert main(["play", "GuessNumber-v0", *common]) == 0
     out = capsys.readouterr().out
-    assert "--- user" in out and "--- assistant" in out and "=== status" in out
+    headers = re.findall(r"^(user|assistant|tool \w+)\b", out, flags=re.MULTILINE)
+    assert headers[:2] == ["user", "assistant"] and "=== status" in out
+    assert "\x1b[" not in out  # captured output is no terminal: plain text
 
 
 def _last_json(capsys) -> str:

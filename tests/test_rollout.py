@@ -28,6 +28,7 @@ from toolgym.agents import (
     ScriptedEngine,
     load_jsonl,
     save_jsonl,
+    summarize,
 )
 from toolgym.envs.wordle import Wordle
 from toolgym.testing import tiny_tokenizer
@@ -220,6 +221,26 @@ def test_reset_failure_and_engine_failure_are_statuses(tokenizer):
         "env_error",
         "engine_error",
     }
+
+
+def test_episode_metrics_are_read_at_the_end_and_bad_ones_are_env_errors(tokenizer):
+    agent = scripted_agent(tokenizer, [GUESS.format(word="slate"), GUESS.format(word="crane")])
+    (won,) = agent.run([toolgym.make("Wordle-v0")], wordle_rows(1))
+    assert won.status == "env_done"
+    assert won.env_metrics["valid_guesses"] == 2 and won.env_metrics["win"] == 1.0
+    assert summarize([won])["env"]["consistent_guesses"] == 1.0
+
+    class NotANumber(toolgym.Environment):
+        def reset(self) -> None:
+            self.reward = 1.0
+
+        def episode_metrics(self) -> dict[str, float]:
+            return {"progress": float("nan")}
+
+    agent = scripted_agent(tokenizer, ["hi<|im_end|>"])
+    (bad,) = agent.run([NotANumber()], [{"prompt": "hi"}])
+    assert (bad.status, bad.reward) == ("env_error", 0.0)
+    assert bad.error.startswith("episode_metrics failed") and "finite" in bad.error
 
 
 def test_jsonl_round_trip(tokenizer, tmp_path):

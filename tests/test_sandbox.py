@@ -91,6 +91,24 @@ def test_a_sandboxed_environment_behaves_like_the_local_one(where):
 
 
 @pytest.mark.parametrize("where", BACKENDS)
+def test_episode_metrics_cross_the_sandbox(where):
+    remote = toolgym.make("Wordle-v0", sandbox=where)
+    try:
+        remote.reset(seed=0, answer="crane")
+        call(remote, "guess", word="trace")
+        assert remote.episode_metrics() == {
+            "valid_guesses": 1.0,
+            "distinct_words": 1.0,
+            "consistent_guesses": 0.0,
+            "greens_found": 3.0,
+            "yellows_found": 1.0,
+            "win": 0.0,
+        }
+    finally:
+        remote.close()
+
+
+@pytest.mark.parametrize("where", BACKENDS)
 def test_misbehaving_tools_end_in_named_statuses_and_the_next_episode_runs(where):
     """Through the agent: an endless loop is `tool_timeout`, a dying worker `env_error`, a
     raising reset `env_error`; each sandbox is replaced and a normal episode follows."""

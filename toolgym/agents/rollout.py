@@ -24,7 +24,7 @@ from toolgym.agents.inline import observation_ids
 from toolgym.agents.limits import AgentLimits
 from toolgym.agents.parsers import ParsedMessage, Parser, get_parser, type_arguments
 from toolgym.agents.trajectory import Status, Trajectory
-from toolgym.envs.calls import MalformedToolCall, ToolCall, run_coroutine
+from toolgym.envs.calls import MalformedToolCall, ToolCall, as_episode_metrics, run_coroutine
 from toolgym.envs.inline import InlineStep
 from toolgym.envs.stepping import as_environment
 from toolgym.envs.tools import valid_text
@@ -275,7 +275,7 @@ class Episode:
             tools = [] if markers else self.env.tools  # inline episodes call no tools
             prompt_ids = self.agent.renderer.prompt_ids(messages, tools)
         except Exception as error:
-            return self._finish(
+            return await self._finish(
                 Trajectory([], messages=_prompt_messages(self.prompt, None)), "env_error", error
             )
         trajectory = Trajectory(prompt_ids, messages=list(messages))
@@ -286,8 +286,8 @@ class Episode:
             else:
                 status = await self._turns(trajectory, tools)
         except EpisodeEnd as end:
-            return self._finish(trajectory, end.status, end.error)
-        return self._finish(trajectory, status)
+            return await self._finish(trajectory, end.status, end.error)
+        return await self._finish(trajectory, status)
 
     async def play_with(self, rollout_fn: RolloutFn) -> Trajectory:
         """Play the episode with a user's rollout function; its trajectory (never raises)."""
@@ -295,7 +295,7 @@ class Episode:
             first = await asyncio.to_thread(self.env.reset, seed=self.seed, **self.row)
             context = RolloutContext(self, _prompt_messages(self.prompt, first))
         except Exception as error:
-            return self._finish(
+            return await self._finish(
                 Trajectory([], messages=_prompt_messages(self.prompt, None)), "env_error", error
             )
         try:
@@ -305,11 +305,13 @@ class Episode:
                     f"the rollout function returned {type(trajectory).__name__}, not a Trajectory"
                 )
         except EpisodeEnd as end:
-            return self._finish(context.trajectory or Trajectory([]), end.status, end.error)
+            return await self._finish(context.trajectory or Trajectory([]), end.status, end.error)
         except Exception as error:
             failed = context.trajectory or Trajectory([])
-            return self._finish(failed, "env_error", f"the rollout function failed: {error!r}")
-        return self._finish(trajectory, "length" if context.hit_length else "finished")
+            return await self._finish(
+                failed, "env_error", f"the rollout function failed: {error!r}"
+            )
+        return await self._finish(trajectory, "length" if context.hit_length else "finished")
 
     async def _turns(self, trajectory: Trajectory, tools: list[dict]) -> Status:
         renderer = self.agent.renderer
@@ -497,7 +499,31 @@ class Episode:
             ids = ids[:-1]
         return self.agent.tokenizer.decode(ids, skip_special_tokens=False)
 
-    def _finish(
+    async def _read_outcome(self, trajectory: Trajectory) -> None:
+        """The environment's reward and episode metrics into `trajectory`, each off the event
+        loop under the tool timeout; a failure or a hang is an `env_error` / `tool_timeout`
+        with reward 0 that names the call."""
+        read_metrics = getattr(self.env, "episode_metrics", None)
+        what = "get_reward"
+        try:
+            reward = float(await self._read(self.env.get_reward))
+            if not math.isfinite(reward):  # one NaN would poison its whole group
+                raise ValueError(f"the reward is {reward}, not a finite number")
+            what = "episode_metrics"
+            if callable(read_metrics):
+                trajectory.env_metrics = as_episode_metrics(await self._read(read_metrics))
+            trajectory.reward = reward
+        except TimeoutError:
+            trajectory.reward, trajectory.status = 0.0, "tool_timeout"
+            trajectory.error = f"{what} took over {self.limits.tool_timeout} s"
+        except Exception as error:
+            trajectory.reward, trajectory.status = 0.0, "env_error"
+            trajectory.error = f"{what} failed: {error!r}"
+
+    async def _read(self, method: Callable[[], Any]) -> Any:
+        return await asyncio.wait_for(asyncio.to_thread(method), self.limits.tool_timeout)
+
+    async def _finish(
         self, trajectory: Trajectory, status: Status, error: BaseException | str | None = None
     ) -> Trajectory:
         trajectory.status = status
@@ -506,16 +532,7 @@ class Episode:
             if error is None
             else (error if isinstance(error, str) else f"{type(error).__name__}: {error}")
         )
-        try:
-            trajectory.reward = float(self.env.get_reward())
-            if not math.isfinite(trajectory.reward):  # one NaN would poison its whole group
-                raise ValueError(f"the reward is {trajectory.reward}, not a finite number")
-        except Exception as reward_error:
-            trajectory.reward = 0.0
-            trajectory.status, trajectory.error = (
-                "env_error",
-                f"get_reward failed: {reward_error!r}",
-            )
+        await self._read_outcome(trajectory)
         samples = trajectory.samples()
         model_tokens = sum(sum(sample.loss_mask) for sample in samples)
         added = len(trajectory.prompt_ids) + len(trajectory.completion_ids)

@@ -60,6 +60,8 @@ class Trajectory:
         step_rewards: Inline episodes: the reward of each environment step, with `end`, the
             index in `completion_ids` just past the model's span it rewards (the marker's
             token), e.g. `[{"end": 14, "reward": -0.3}]`.
+        env_metrics: The environment's named figures of the episode besides its reward
+            (`Environment.episode_metrics`, e.g. Wordle's `valid_guesses`), read when it ended.
     """
 
     prompt_ids: list[int]
@@ -75,6 +77,7 @@ class Trajectory:
     row: dict[str, Any] = field(default_factory=dict)
     turns: list[dict[str, list]] = field(default_factory=list)
     step_rewards: list[dict[str, float]] = field(default_factory=list)
+    env_metrics: dict[str, float] = field(default_factory=dict)
 
     def append(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
         """Append model tokens (`sampled=True`, with their logprobs) or observation tokens."""
@@ -149,6 +152,7 @@ def outcome(trajectory: Trajectory) -> dict[str, Any]:
         "turns": metrics["turns"],
         "tool_calls": metrics["tool_calls"],
         "tool_failures": metrics["tool_failures"],
+        "env_metrics": trajectory.env_metrics,
     }
 
 
@@ -157,7 +161,8 @@ def summarize(
 ) -> dict[str, Any]:
     """Figures of finished episodes (trajectories, or their `outcome`s): their count, mean
     reward, success rate (reward at least `success_threshold`), mean turns, tool calls, failed
-    and valid tool calls per episode, and how many ended with each status."""
+    and valid tool calls per episode, how many ended with each status, and under `env` the
+    mean of each of the environment's episode metrics (over the episodes that report it)."""
     rows = [outcome(e) if isinstance(e, Trajectory) else e for e in episodes]
     if not rows:
         raise ValueError("no episodes to summarize")
@@ -173,4 +178,14 @@ def summarize(
             row["tool_calls"] - row["tool_failures"] for row in rows
         ),
         "statuses": dict(Counter(row["status"] for row in rows)),
+        "env": mean_env_metrics(row.get("env_metrics") or {} for row in rows),
     }
+
+
+def mean_env_metrics(episodes: Iterable[dict[str, float]]) -> dict[str, float]:
+    """The mean of each named episode metric over the episodes that report it, by name."""
+    values: dict[str, list[float]] = {}
+    for metrics in episodes:
+        for name, value in metrics.items():
+            values.setdefault(name, []).append(value)
+    return {name: statistics.fmean(v) for name, v in values.items()}

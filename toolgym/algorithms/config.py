@@ -170,6 +170,10 @@ class GRPOConfig:
     written)."""
     progress_bar: bool = True
     """Show a progress bar with reward, success rate and step time."""
+    verbose: bool = False
+    """Show the generation engine's log lines (vLLM's start-up settings, its warnings) and
+    model loading bars in the terminal; otherwise they go to `output_dir/engine.log`, and the
+    terminal keeps the stages, the progress bar and the results."""
     lora: dict[str, Any] | None = None
     """Train LoRA adapters through peft with these `LoraConfig` arguments (None: full
     fine-tuning)."""
@@ -189,6 +193,11 @@ class GRPOConfig:
             raise ValueError(f"unknown scale_rewards {self.scale_rewards!r}")
         if self.advantage not in ("grpo", "rloo"):
             raise ValueError(f"unknown advantage {self.advantage!r}")
+
+    @property
+    def engine_log_path(self) -> str:
+        """The file the engine's log lines go to unless `verbose`."""
+        return f"{self.output_dir}/engine.log"
 
     @property
     def clip_high(self) -> float:

@@ -32,6 +32,7 @@ import toolgym
 from toolgym.agents.custom import RolloutFn
 from toolgym.agents.engines.base import SamplingParams
 from toolgym.agents.engines.hf import HFEngine
+from toolgym.agents.engines.logs import engine_logs_to_file
 from toolgym.agents.rollout import Agent
 from toolgym.agents.trajectory import Sample, Trajectory, outcome, save_jsonl, summarize
 from toolgym.algorithms.advantages import group_advantages
@@ -96,6 +97,8 @@ class GRPOTrainer:
         rollout_fn: RolloutFn | None = None,
     ) -> None:
         self.args = args = args or GRPOConfig()
+        self.engine_log = None if args.verbose else engine_logs_to_file(args.engine_log_path)
+        """Where the engine's log lines go (None: the terminal, `verbose`)."""
         self.rollout_fn = rollout_fn  # plays episodes in training and evaluation alike
         self.stages = StageClock()
         """Wall time and peak memory per stage (model load, warm-up, rollouts, update...)."""
@@ -195,7 +198,12 @@ class GRPOTrainer:
                     step_s=f"{metrics['step_seconds']:.1f}",
                 )
             if self.args.eval_steps and self.eval_rows and self.step % self.args.eval_steps == 0:
-                self._log({f"eval/{k}": v for k, v in self.evaluate().items()})
+                summary = self.evaluate()
+                env = summary.pop("env")
+                self._log(
+                    {f"eval/{k}": v for k, v in summary.items()}
+                    | {f"eval/env/{k}": v for k, v in env.items()}
+                )
             if self.args.save_steps and self.step % self.args.save_steps == 0:
                 self.save(self.output_dir / f"checkpoint-{self.step}")
         if bar is not None:
@@ -522,6 +530,7 @@ class GRPOTrainer:
             finite = [v for v in values if not math.isnan(v)]
             if finite and len(sources) > 1:
                 metrics[f"rewards/{name}"] = statistics.fmean(finite)
+        metrics.update({f"env/{name}": value for name, value in summary["env"].items()})
         return metrics
 
     # -- evaluation, warm-up, saving ----------------------------------------------------------
@@ -698,7 +707,8 @@ class GRPOTrainer:
             in_flight = max(args.prompts_per_step * args.num_generations, len(self.eval_rows))
             tokens = args.kv_cache_tokens or in_flight * (args.limits.max_episode_tokens + 256)
             kv = {} if torch.cuda.is_available() else {"kv_cache_tokens": tokens}
-            return VLLMEngine(str(folder), dtype=dtype, seed=args.seed, **kv)
+            quiet = {} if args.verbose else {"use_tqdm_on_load": False}
+            return VLLMEngine(str(folder), dtype=dtype, seed=args.seed, **kv, **quiet)
         if args.engine == "vllm-server":
             from toolgym.agents.engines.server import VLLMServerEngine
 

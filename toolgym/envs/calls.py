@@ -147,6 +147,23 @@ class PreparedCall:
             return ToolResult(self.call, f"Error: {self.call.name} failed: {error}.", "bad_result")
 
 
+def as_episode_metrics(value: Any) -> dict[str, float]:
+    """An environment's `episode_metrics()` answer checked: a mapping of names to finite
+    numbers (None is no metrics); anything else raises ValueError naming what is wrong."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"episode_metrics() must return a dict of numbers, not {value!r}")
+    metrics = {}
+    for name, number in value.items():
+        if not isinstance(name, str) or not isinstance(number, int | float):
+            raise ValueError(f"episode metric {name!r}: {number!r} is not a number")
+        if number != number or number in (float("inf"), float("-inf")):
+            raise ValueError(f"episode metric {name!r} is {number}, not a finite number")
+        metrics[name] = float(number)
+    return metrics
+
+
 def accepted_kwargs(function: Callable[..., Any]) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """A filter that keeps only the keyword arguments `function` accepts (all, with **kwargs)."""
     params = inspect.signature(function).parameters.values()

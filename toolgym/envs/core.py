@@ -96,6 +96,13 @@ class Environment:
         """Like `inline_step`, without blocking the event loop (it runs in a worker thread)."""
         return await self.stepper.ainline_step(text)
 
+    def episode_metrics(self) -> dict[str, float]:
+        """Named figures of the episode besides its reward, read once when it ends: the skills
+        behind the reward (Wordle: `valid_guesses`, `consistent_guesses`, `win`, ...), so a
+        run can say which one moved. Trainers log each one's mean per step as `env/<name>`,
+        evaluations summarise them, and the run viewer plots them. The default has none."""
+        return {}
+
     def demonstration(self) -> list[list[ToolCall]] | list[str] | None:
         """An expert's tool calls for the current episode, one list per turn (for SFT warm-up);
         for inline environments, the pieces of text the expert writes, each ending with a

@@ -27,6 +27,7 @@ from toolgym.envs.calls import (
     ToolResult,
     accepted_kwargs,
     as_call_list,
+    as_episode_metrics,
     run_coroutine,
 )
 from toolgym.envs.inline import InlineStep, as_inline_step
@@ -68,6 +69,10 @@ class Executor(Protocol):
 
     def demonstration(self) -> list[list[ToolCall]] | None:
         """An expert's calls for this episode, one list per turn, or None."""
+
+    def metrics(self) -> dict[str, float]:
+        """The environment's `episode_metrics()`, checked (empty when it has none)."""
+        ...
 
     def close(self) -> None:
         """Release the environment and what it holds."""
@@ -128,6 +133,9 @@ class LocalExecutor(Executor):
 
     def demonstration(self) -> list[list[ToolCall]] | None:
         return self._optional("demonstration")
+
+    def metrics(self) -> dict[str, float]:
+        return as_episode_metrics(self._optional("episode_metrics"))
 
     def close(self) -> None:
         self._optional("close")
@@ -215,6 +223,10 @@ class Stepper:
     def demonstration(self) -> list[list[ToolCall]] | None:
         """An expert's tool calls for this episode, one list per turn, if it has an expert."""
         return self.executor.demonstration()
+
+    def episode_metrics(self) -> dict[str, float]:
+        """The environment's named figures of this episode (`Environment.episode_metrics`)."""
+        return self.executor.metrics()
 
     @property
     def inline_markers(self) -> tuple[str, ...]:

@@ -130,6 +130,7 @@ RESERVED_NAMES = frozenset(
         "get_reward",
         "final_answer",
         "demonstration",
+        "episode_metrics",
         "inline_markers",
         "inline_step",
         "ainline_step",

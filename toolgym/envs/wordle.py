@@ -132,6 +132,30 @@ class Wordle(Environment):
             return f"{line}\nOut of guesses. The word was {self.answer.upper()}."
         return f"{line}\n{self.max_guesses - used} guesses left."
 
+    def episode_metrics(self) -> dict[str, float]:
+        """The skills behind the reward: `valid_guesses` (real words played, repeats
+        included), `distinct_words`, `consistent_guesses` (guesses after the first that could
+        still be the answer given all the feedback before them: the colours were used),
+        `greens_found` (positions of the answer revealed green), `yellows_found` (distinct
+        letters revealed yellow) and `win` (1 or 0)."""
+        words = [word for word, _ in self.history]
+        consistent = sum(
+            all(feedback(earlier, word) == pattern for earlier, pattern in self.history[:index])
+            for index, word in enumerate(words)
+            if index > 0
+        )
+        greens = {i for _, p in self.history for i, colour in enumerate(p) if colour == GREEN}
+        yellows = {w[i] for w, p in self.history for i, colour in enumerate(p) if colour == YELLOW}
+        won = bool(self.history) and self.history[-1][1] == GREEN * WORD_LENGTH
+        return {
+            "valid_guesses": len(words),
+            "distinct_words": len(set(words)),
+            "consistent_guesses": consistent,
+            "greens_found": len(greens),
+            "yellows_found": len(yellows),
+            "win": float(won),
+        }
+
     def demonstration(self) -> list[list[ToolCall]]:
         """The expert's guesses for this episode's answer, one tool call per turn."""
         expert, history, turns = _expert(), list(self.history), []

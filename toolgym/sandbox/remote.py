@@ -22,7 +22,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from toolgym.envs.calls import ToolCall, ToolResult
+from toolgym.envs.calls import ToolCall, ToolResult, as_episode_metrics
 from toolgym.envs.inline import InlineStep, as_inline_step
 from toolgym.envs.stepping import Executor, Stepper
 from toolgym.envs.tools import tool_table
@@ -274,6 +274,9 @@ class RemoteExecutor(Executor):
             turn if isinstance(turn, str) else [ToolCall(c["name"], c["arguments"]) for c in turn]
             for turn in turns
         ]
+
+    def metrics(self) -> dict[str, float]:
+        return as_episode_metrics(self.request("invoke", name="episode_metrics"))
 
     def close(self) -> None:
         """Stop the worker (the environment's own `close` runs there first)."""

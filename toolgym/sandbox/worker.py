@@ -18,7 +18,7 @@ OP is one of:
     call    {"name", "arguments"}          -> {"content": str, "failure": null | "tool_error"
                                               | "tool_exception" | "bad_result"}
     invoke  {"name", "args"}               a protocol method: get_reward, final_answer,
-                                           inline_step, demonstration, close
+                                           inline_step, demonstration, episode_metrics, close
     ping    {}                             -> "pong" (health check)
     exit    {}                             the worker replies, then exits
 
@@ -49,6 +49,9 @@ from toolgym.envs.python_session import (
 from toolgym.envs.stepping import LocalExecutor
 
 PROTOCOL_VERSION = 2
+PROTOCOL_METHODS = frozenset(
+    {"get_reward", "final_answer", "inline_step", "demonstration", "episode_metrics", "close"}
+)
 MAX_CONTENT_CHARS = 1_000_000
 """A tool result longer than this is cut (the protocol stays responsive whatever a tool
 returns; environments should truncate to what a model can read long before this)."""
@@ -148,11 +151,13 @@ class Worker:
 
     def _op_invoke(self, request: dict[str, Any]) -> Any:
         name = request["name"]
-        if name not in ("get_reward", "final_answer", "inline_step", "demonstration", "close"):
+        if name not in PROTOCOL_METHODS:
             raise ValueError(f"{name!r} is not a protocol method")
         executor, args = self.executor, request.get("args", [])
         if name == "get_reward":
             return executor.reward()
+        if name == "episode_metrics":
+            return executor.metrics()
         if name == "final_answer":
             return executor.final_answer(*args)
         if name == "inline_step":

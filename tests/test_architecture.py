@@ -9,7 +9,18 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "toolgym"
-LAYERS = ["envs", "sandbox", "registry", "agents", "gym", "algorithms", "testing", "cli"]
+LAYERS = [
+    "envs",
+    "sandbox",
+    "registry",
+    "agents",
+    "gym",
+    "algorithms",
+    "testing",
+    "viewer",
+    "cli",
+    "__main__",
+]
 """Rooms from the bottom up: each may import only the rooms before it (and `toolgym` itself,
 the package's public surface, from `agents` on)."""
 

@@ -156,3 +156,4 @@ def test_eval_the_embedded_smollm2_on_wordle(capsys):
     summary = json.loads(_last_json(capsys))
     assert summary["episodes"] == 8
     assert set(summary["statuses"]) <= {"finished", "env_done", "max_turns", "length"}
+    assert set(summary["env"]) >= {"valid_guesses", "consistent_guesses", "win"}  # the skills

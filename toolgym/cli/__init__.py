@@ -1,0 +1,48 @@
+"""The `toolgym` command (also `python -m toolgym`, and `accelerate launch -m toolgym train`).
+
+toolgym envs [--tools]                               registered environments (and their tools)
+toolgym play Wordle-v0 --model smollm2-135m          watch a model play one episode
+toolgym eval Wordle-v0 --model smollm2-135m -n 8     success rate, reward, turns, statuses
+    [--output episodes.jsonl]                        ... and the trajectories, for `view`
+toolgym train Wordle-v0 --model smollm2-135m [--config run.yaml] [--max-steps 30 ...]
+                                                     GRPO / RLOO, every GRPOConfig field a flag
+toolgym view runs/grpo [--port 8765] [--open]        the run viewer (a run folder or a JSONL)
+
+ENV is a registered id (Wordle-v0), path/to/file.py:Class or module:attr (an environment
+class or a factory); `toolgym COMMAND --help` for each command's options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from toolgym.cli.episodes import add_episode_commands
+from toolgym.cli.errors import CLIError
+from toolgym.cli.train import add_train_command
+
+__all__ = ["CLIError", "build_parser", "main"]
+
+
+def build_parser(train_flags: bool = True) -> argparse.ArgumentParser:
+    """The `toolgym` argument parser; `train_flags=False` leaves the generated `train` flags
+    out (they import the trainer: torch and transformers)."""
+    parser = argparse.ArgumentParser(
+        prog="toolgym", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_episode_commands(commands)
+    add_train_command(commands, with_config_flags=train_flags)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the `toolgym` command; its exit code (2, with a one-line message, for bad input)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(train_flags=bool(argv) and argv[0] == "train")
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except CLIError as error:
+        print(f"toolgym {args.command}: error: {error}", file=sys.stderr)
+        return 2

@@ -1,0 +1,249 @@
+"""`toolgym envs`, `play`, `eval` and `view`: environments listed, episodes watched, scored,
+saved and opened in the run viewer."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import toolgym
+from toolgym.agents.limits import AgentLimits
+from toolgym.agents.trajectory import save_jsonl, summarize
+from toolgym.cli.env_spec import ResolvedEnv, read_rows, resolve_env
+from toolgym.cli.errors import CLIError
+
+ENV_HELP = (
+    "a registered id (e.g. Wordle-v0), path/to/file.py:Class, or module:attr (an environment "
+    "class or a factory)"
+)
+"""The help of every command's ENV argument."""
+
+
+def list_environments(args: argparse.Namespace) -> int:
+    """`toolgym envs`: the registered ids (and their tools)."""
+    for env_id in toolgym.list_envs(namespace=args.namespace):
+        spec = toolgym.spec(env_id)
+        print(f"{env_id:24} {spec.description or ''}".rstrip())
+        if args.tools:  # schemas come from the class: no sandbox is started to read them
+            env = toolgym.make(env_id, sandbox="local")
+            try:
+                tools = env.tools
+            finally:
+                env.close()
+            for tool in tools:
+                function = tool["function"]
+                print(f"{'':26}{function['name']}: {function['description']}")
+    return 0
+
+
+def build_agent(args: argparse.Namespace) -> Any:
+    """The agent the CLI's arguments describe (transformers on the CPU)."""
+    from toolgym.agents import Agent, HFEngine, SamplingParams
+    from toolgym.agents.models import load_model, load_tokenizer
+
+    tokenizer = load_tokenizer(args.model)
+    model = load_model(args.model).eval()
+    return Agent(
+        HFEngine(model, tokenizer),
+        tokenizer,
+        parser=args.parser,
+        limits=AgentLimits.from_arguments(args),
+        sampling=SamplingParams(temperature=args.temperature),
+        chat_template_kwargs=args.chat_template_kwargs,
+    )
+
+
+def episode_rows(args: argparse.Namespace, env: ResolvedEnv, n: int) -> list[dict[str, Any]]:
+    """`n` prompt rows: the first `n` of `--dataset`, or the environment's builder's."""
+    if args.dataset:
+        return read_rows(args.dataset)[:n]
+    kwargs = {"split": args.split} if args.split else {}
+    return env.dataset(n, seed=args.seed, **kwargs)
+
+
+def make_envs(args: argparse.Namespace, env: ResolvedEnv, count: int) -> list[Any]:
+    """`count` instances with `--env-kwargs`, placed by `--sandbox`."""
+    envs: list[Any] = []
+    try:
+        for _ in range(count):
+            envs.append(env.make(sandbox=args.sandbox, **args.env_kwargs))
+    except TypeError as error:  # a constructor argument it does not take
+        _close(envs)
+        raise CLIError(f"{env.spec}: could not be built with {args.env_kwargs}: {error}") from None
+    except BaseException:
+        _close(envs)
+        raise
+    return envs
+
+
+def _close(envs: list[Any]) -> None:
+    for env in envs:
+        env.close()
+
+
+def play(args: argparse.Namespace) -> int:
+    """`toolgym play`: one episode, shown message by message (in colour in a terminal)."""
+    from toolgym.cli.show import print_trajectory
+
+    env_spec = resolve_env(args.env)
+    rows = episode_rows(args, env_spec, 1)
+    envs = make_envs(args, env_spec, 1)  # before the model: a bad --env-kwargs fails fast
+    try:
+        (trajectory,) = build_agent(args).run(envs, rows, seeds=[args.seed])
+    finally:
+        _close(envs)
+    print_trajectory(trajectory)
+    return 0
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    """`toolgym eval`: N episodes, their summary, and (`--output`) the trajectories."""
+    from tqdm.auto import tqdm
+
+    env_spec = resolve_env(args.env)
+    rows = episode_rows(args, env_spec, args.n)
+    envs = make_envs(args, env_spec, len(rows))
+    try:
+        agent = build_agent(args)
+        with tqdm(total=len(rows), desc=f"eval {args.env}", unit="episode") as bar:
+            trajectories = agent.run(
+                envs,
+                rows,
+                seeds=list(range(args.seed, args.seed + len(rows))),
+                on_episode_end=lambda _: bar.update(),
+            )
+    finally:
+        _close(envs)
+    summary = summarize(trajectories, args.success_threshold)
+    print(json.dumps(summary, indent=2) if args.json else format_summary(args.env, summary))
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        save_jsonl(trajectories, args.output)
+        if not args.json:
+            print(f"trajectories: {args.output} (open them with: toolgym view {args.output})")
+    return 0
+
+
+def format_summary(env_id: str, s: dict[str, Any]) -> str:
+    """The summary as one line of text (and the environment's skill metrics, per episode)."""
+    statuses = ", ".join(f"{k} {v}" for k, v in sorted(s["statuses"].items()))
+    skills = "".join(f"; {name} {value:.2f}" for name, value in s["env"].items())
+    return (
+        f"{env_id}: {s['episodes']} episodes, success rate {s['success_rate']:.1%}, mean reward "
+        f"{s['reward']:.3f}, mean turns {s['turns']:.2f}, tool calls per episode "
+        f"{s['tool_calls']:.2f} ({s['tool_failures']:.2f} failed); statuses: {statuses}{skills}"
+    )
+
+
+def view(args: argparse.Namespace) -> int:
+    """`toolgym view`: serve a run folder or a trajectories JSONL in the browser."""
+    try:
+        from toolgym.viewer import serve
+    except ModuleNotFoundError as error:
+        if error.name not in ("toolgym.viewer", "toolgym"):
+            raise
+        raise CLIError("the run viewer (toolgym.viewer) is not available") from None
+    if not Path(args.path).exists():
+        raise CLIError(f"{args.path!r} does not exist")
+    serve(args.path, port=args.port, tokenizer=args.tokenizer, open_browser=args.open)
+    return 0
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """A command-line word parsed as a JSON object (for `--env-kwargs` and the like)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({error.msg}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+def add_env_arguments(parser: argparse.ArgumentParser) -> None:
+    """ENV, `--env-kwargs` and `--dataset`: what every episode-playing command takes."""
+    parser.add_argument("env", metavar="ENV", help=ENV_HELP)
+    parser.add_argument(
+        "--env-kwargs",
+        type=json_object,
+        default={},
+        metavar="JSON",
+        help="constructor arguments of the environment, e.g. '{\"max_turns\": 4}'",
+    )
+    parser.add_argument(
+        "--dataset",
+        metavar="FILE.jsonl",
+        help="prompt rows, one JSON object per line: 'prompt' (text or chat messages) and the "
+        "reset() arguments (default: the environment's registered dataset builder)",
+    )
+
+
+def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments `play` and `eval` share (the limits come from `AgentLimits`)."""
+    add_env_arguments(parser)
+    parser.add_argument("--model", default="smollm2-135m", help="hub id, folder, or smollm2-135m")
+    parser.add_argument(
+        "--parser", default="auto", help="tool-call parser (auto, hermes, vllm:<name>, ...)"
+    )
+    parser.add_argument(
+        "--chat-template-kwargs",
+        type=json_object,
+        default={},
+        metavar="JSON",
+        help="template variables as JSON, e.g. '{\"enable_thinking\": false}'",
+    )
+    AgentLimits.add_arguments(parser)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--split", default=None, help="dataset split, for builders that have one")
+    parser.add_argument(
+        "--sandbox",
+        default=None,
+        choices=["local", "process", "docker", "auto"],
+        help="where the environments live (default: the environment's registered choice; "
+        "local for a class)",
+    )
+
+
+def add_episode_commands(commands: Any) -> None:
+    """The `envs`, `play`, `eval` and `view` subcommands."""
+    envs = commands.add_parser("envs", help="list registered environments")
+    envs.add_argument("--namespace", help="only ids of this namespace")
+    envs.add_argument("--tools", action="store_true", help="also list each environment's tools")
+    envs.set_defaults(handler=list_environments)
+    play_parser = commands.add_parser("play", help="watch a model play one episode")
+    add_agent_arguments(play_parser)
+    play_parser.set_defaults(handler=play)
+    eval_parser = commands.add_parser("eval", help="play N episodes and summarise")
+    add_agent_arguments(eval_parser)
+    eval_parser.add_argument("-n", type=int, default=8, help="episodes")
+    eval_parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    eval_parser.add_argument(
+        "--success-threshold", type=float, default=1.0, help="reward that counts as a success"
+    )
+    eval_parser.add_argument(
+        "--output",
+        metavar="FILE.jsonl",
+        help="write the episodes' trajectories there (for `toolgym view`)",
+    )
+    eval_parser.set_defaults(handler=evaluate)
+    view_parser = commands.add_parser(
+        "view", help="open a run folder or a trajectories JSONL in the run viewer (browser)"
+    )
+    view_parser.add_argument(
+        "path",
+        metavar="PATH",
+        help="a run folder (--output-dir of train) or a trajectories JSONL (eval --output)",
+    )
+    view_parser.add_argument(
+        "--port", type=int, default=8765, help="port on 127.0.0.1 (0: a free one)"
+    )
+    view_parser.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer folder for the token view (default: the run's own)",
+    )
+    view_parser.add_argument("--open", action="store_true", help="open it in a browser")
+    view_parser.set_defaults(handler=view)

@@ -101,8 +101,30 @@ def test_warmup_fits_demonstrations_and_training_logs_everything(tokenizer, tmp_
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2]
     assert {"reward", "success_rate", "loss", "statuses", "step_seconds"} <= set(history[0])
+    assert {"env/valid_guesses", "env/consistent_guesses", "env/win"} <= set(history[0])
+    assert set(figures["env"]) == set(episodes[0].env_metrics) >= {"greens_found", "win"}
     assert len(load_jsonl(tmp_path / "samples.jsonl")) == 2 * 2 * 3
     assert (tmp_path / "rewards.png").exists() and (tmp_path / "checkpoint-2").is_dir()
+
+
+def test_engine_log_lines_go_to_the_run_folder_unless_verbose(tokenizer, tmp_path, capsys):
+    import logging
+
+    trainer = GRPOTrainer(
+        tiny_model(tokenizer), "Wordle-v0", rows(2), args=config(tmp_path), tokenizer=tokenizer
+    )
+    logging.getLogger("vllm.v1.worker.cpu_worker").warning("torch.set_num_threads skipped")
+    assert trainer.engine_log == (tmp_path / "engine.log").resolve()
+    assert "set_num_threads" in trainer.engine_log.read_text()
+    assert "set_num_threads" not in capsys.readouterr().err
+    verbose = GRPOTrainer(
+        tiny_model(tokenizer),
+        "Wordle-v0",
+        rows(2),
+        args=config(tmp_path / "verbose", verbose=True),
+        tokenizer=tokenizer,
+    )
+    assert verbose.engine_log is None
 
 
 def test_reward_functions_and_rloo(tokenizer, tmp_path):

@@ -40,7 +40,9 @@ def _to_file(logger: logging.Logger, path: Path) -> None:
         return
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
-    handler = logging.FileHandler(path, encoding="utf-8")
+        if isinstance(handler, logging.FileHandler):  # an earlier run's file
+            handler.close()
+    handler = logging.FileHandler(path, encoding="utf-8", delay=True)  # made on the first line
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logger.addHandler(handler)
     logger.propagate = False

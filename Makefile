@@ -3,13 +3,17 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup sandboxes run test lint format docs
+.PHONY: setup sandboxes browser run test lint format docs
 setup:
 	VENV=$(VENV) ./scripts/setup.sh
 
 # bubblewrap, a Docker daemon and the sandbox image, where this machine allows (see the script)
 sandboxes: setup
 	VENV=$(VENV) ./scripts/sandbox_setup.sh
+
+# Debian's headless Chromium for the run viewer's browser tests, where this machine allows
+browser: setup
+	./scripts/browser_setup.sh
 
 run: setup
 	$(PY) examples/wordle.py $(ARGS)
@@ -18,7 +22,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: lint sandboxes
+test: lint sandboxes browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 format: setup

@@ -1,0 +1,449 @@
+"""The run viewer (`toolgym.viewer`): its paging and filter API in Python, then the page itself
+in a real headless Chromium (tests/browser.py) on a tiny real training run and on a
+10,000-episode trajectories file.
+
+The browser tests skip when no Chromium is installed (`scripts/browser_setup.sh` installs
+it), unless TOOLGYM_REQUIRE_BROWSER=1 (CI sets it): then they run and fail. Screenshots go to
+the test's tmp_path, and also to TOOLGYM_SCREENSHOT_DIR when it is set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import struct
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from browser import Browser, find_chromium
+from helpers import train_tool_caller
+
+import toolgym
+from toolgym.agents import AgentLimits
+from toolgym.agents.trajectory import Trajectory, load_jsonl, save_jsonl
+from toolgym.algorithms import GRPOConfig, GRPOTrainer
+from toolgym.testing import tiny_tokenizer
+from toolgym.viewer import start
+from toolgym.viewer.data import RunData
+from toolgym.viewer.server import RequestError, ViewerApp
+from toolgym.viewer.tokens import TokenDecoder
+
+REQUIRED = os.environ.get("TOOLGYM_REQUIRE_BROWSER") == "1"
+needs_browser = pytest.mark.skipif(
+    not REQUIRED and find_chromium() is None,
+    reason="no chromium installed (scripts/browser_setup.sh installs the Debian package)",
+)
+READY = "document.body.dataset.ready === '1'"
+STATUSES = ("env_done", "max_turns", "length", "finished", "tool_timeout")
+
+
+# -- synthetic trajectories -----------------------------------------------------------------------
+def synthetic_trajectory(rng: random.Random, number: int, vocab: int = 500) -> Trajectory:
+    """A plausible tool-calling episode: user, assistant call, tool result, final answer, with
+    ~100-300 completion tokens in sampled and observation blocks."""
+    word = rng.choice(["crane", "slate", "moist", "pious", "adieu"])
+    trajectory = Trajectory(prompt_ids=[rng.randrange(vocab) for _ in range(rng.randint(20, 60))])
+    for block in range(rng.randint(3, 7)):
+        ids = [rng.randrange(vocab) for _ in range(rng.randint(20, 50))]
+        sampled = block % 2 == 0
+        logprobs = [-rng.expovariate(2.0) for _ in ids] if sampled else None
+        trajectory.append(ids, sampled=sampled, logprobs=logprobs)
+    status = STATUSES[number % len(STATUSES)]
+    trajectory.messages = [
+        {"role": "user", "content": f"Episode {number}: find the secret word."},
+        {
+            "role": "assistant",
+            "content": "",
+            "raw_content": f'<tool_call>{{"name": "guess", "arguments": {{"word": "{word}"}}}}',
+            "tool_calls": [{"function": {"name": "guess", "arguments": {"word": word}}}],
+        },
+        {"role": "tool", "name": "guess", "content": f"Guess 1/6: {word.upper()} (gray)"},
+        {"role": "assistant", "content": f"The word is {word}.", "raw_content": word},
+    ]
+    trajectory.reward = round(rng.uniform(-1, 1), 3)
+    trajectory.status = status  # type: ignore[assignment]
+    trajectory.error = "tool timed out" if status == "tool_timeout" else None
+    trajectory.metrics = {"turns": 2.0, "tool_calls": 1.0, "tool_failures": float(number % 3)}
+    trajectory.metrics["step"] = number // 100 + 1
+    trajectory.env_metrics = {"valid_guesses": float(number % 4), "win": float(number % 2)}
+    trajectory.row = {"answer": word}
+    return trajectory
+
+
+def write_synthetic(path: Path, count: int, seed: int = 0) -> list[Trajectory]:
+    """`count` synthetic trajectories saved with `save_jsonl` at `path`."""
+    rng = random.Random(seed)
+    trajectories = [synthetic_trajectory(rng, number) for number in range(count)]
+    save_jsonl(trajectories, path)
+    return trajectories
+
+
+# -- the API, without a browser -------------------------------------------------------------------
+def test_the_api_pages_filters_and_follows_a_growing_file(tmp_path):
+    path = tmp_path / "episodes.jsonl"
+    trajectories = write_synthetic(path, 120)
+    with path.open("a") as file:
+        file.write("{not json\n")
+        file.write('{"json": "but not a trajectory"}\n')
+    app = ViewerApp(RunData(path), TokenDecoder(path))
+    page = app.answer("episodes", {"offset": "100", "limit": "50"})
+    assert (page["total"], page["matched"], len(page["rows"])) == (120, 120, 20)
+    assert [row["index"] for row in page["rows"]] == list(range(100, 120))
+    assert app.answer("summary", {})["sources"][0]["malformed"] == 2
+
+    timeouts = app.answer("episodes", {"status": "tool_timeout", "limit": "500"})
+    assert timeouts["matched"] == sum(t.status == "tool_timeout" for t in trajectories)
+    assert {row["status"] for row in timeouts["rows"]} == {"tool_timeout"}
+    assert timeouts["statuses"]["env_done"] == 24  # the counts cover the unfiltered episodes
+    found = app.answer("episodes", {"q": "EPISODE 7:", "limit": "500"})["rows"]
+    assert [row["index"] for row in found] == [7]  # text search is case-insensitive
+    ranged = app.answer("episodes", {"step_min": "2", "reward_min": "0", "limit": "500"})
+    expected = [i for i, t in enumerate(trajectories) if t.metrics["step"] >= 2 and t.reward >= 0]
+    assert [row["index"] for row in ranged["rows"]] == expected
+    best = app.answer("episodes", {"sort": "-reward", "limit": "1"})["rows"][0]
+    assert best["reward"] == max(t.reward for t in trajectories)
+
+    episode = app.answer("episode", {"source": "episodes.jsonl", "index": "5"})
+    tokens = episode["completion_tokens"]
+    assert [t["id"] for t in tokens] == trajectories[5].completion_ids
+    assert [t["mask"] for t in tokens] == trajectories[5].loss_mask
+    assert all(t["text"] is None for t in tokens)  # no tokenizer next to the file
+    assert episode["summary"]["env_metrics"] == trajectories[5].env_metrics
+    with pytest.raises(RequestError, match="no episode 999"):
+        app.answer("episode", {"source": "episodes.jsonl", "index": "999"})
+    with pytest.raises(RequestError, match="sort must be"):
+        app.answer("episodes", {"sort": "nonsense"})
+
+    more = [synthetic_trajectory(random.Random(1), 500)]
+    save_jsonl(more, path, append=True)
+    with path.open("a") as file:
+        file.write('{"prompt_ids": [1, 2')  # a line still being written is not counted yet
+    assert app.answer("episodes", {"offset": "120"})["rows"][0]["reward"] == more[0].reward
+    assert app.answer("summary", {})["sources"][0] == {
+        "name": "episodes.jsonl",
+        "episodes": 121,
+        "malformed": 2,
+    }
+    rewritten = write_synthetic(path, 130, seed=3)  # in place ("w"), as evaluate() does
+    assert app.answer("summary", {})["sources"][0]["episodes"] == 130
+    assert app.answer("episodes", {"limit": "1"})["rows"][0]["reward"] == rewritten[0].reward
+
+
+def test_metrics_are_reread_only_when_the_file_changes(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(json.dumps({"step": 1, "reward": 0.5}) + "\n")
+    app = ViewerApp(RunData(tmp_path), TokenDecoder(tmp_path))
+    first = app.answer("metrics", {})
+    assert first["rows"] == [{"step": 1, "reward": 0.5}]
+    assert app.answer("metrics", {"version": first["version"]}) == {
+        "version": first["version"],
+        "unchanged": True,
+    }
+    with metrics.open("a") as file:
+        file.write("garbage\n" + json.dumps({"step": 2, "reward": 0.7}) + "\n")
+    second = app.answer("metrics", {"version": first["version"]})
+    assert [row["step"] for row in second["rows"]] == [1, 2] and second["malformed"] == 1
+
+
+def get(url: str) -> tuple[int, bytes]:
+    """The status and body of a GET (errors included)."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def test_the_server_serves_the_page_and_strict_json(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "reward": NaN, "kl": Infinity}\n')
+    with start(tmp_path, port=0) as viewer:
+        assert viewer.url.startswith("http://127.0.0.1:")
+        status, page = get(viewer.url)
+        assert status == 200 and b"/static/app.js" in page
+        assert (
+            get(viewer.url + "static/app.js")[0] == get(viewer.url + "static/style.css")[0] == 200
+        )
+        assert get(viewer.url + "static/../server.py")[0] == 404
+        status, body = get(viewer.url + "api/metrics")
+        assert status == 200 and json.loads(body)["rows"] == [
+            {"step": 1, "reward": None, "kl": None}
+        ]
+        status, body = get(viewer.url + "api/episode?source=samples.jsonl&index=0")
+        assert status == 404 and "no trajectories file" in json.loads(body)["error"]
+        assert get(viewer.url + "api/episodes?offset=x")[0] == 400
+    with pytest.raises(FileNotFoundError, match="no run folder"):
+        start(tmp_path / "missing")
+
+
+# -- a tiny real run, in the browser ---------------------------------------------------------------
+def train_tiny_run(folder: Path) -> None:
+    """Two GRPO steps of a tiny tool-calling model on Wordle, with greedy evaluations before
+    and after, written to `folder`; its tokenizer saved in `folder/engine-weights`."""
+    tokenizer = tiny_tokenizer()
+    torch.manual_seed(0)
+    rows = list(toolgym.spec("Wordle-v0").dataset(4, seed=0))
+    args = GRPOConfig(
+        output_dir=str(folder),
+        max_steps=2,
+        prompts_per_step=2,
+        num_generations=2,
+        micro_batch_size=4,
+        limits=AgentLimits(max_turns=3, max_new_tokens=40, max_episode_tokens=300),
+        parser="hermes",
+        learning_rate=1e-3,
+        temperature=1.2,
+        progress_bar=False,
+    )
+    trainer = GRPOTrainer(
+        train_tool_caller(tokenizer),  # a tiny random model taught to call tools
+        "Wordle-v0",
+        rows,
+        args=args,
+        tokenizer=tokenizer,
+        eval_dataset=list(toolgym.spec("Wordle-v0").dataset(3, seed=5)),
+    )
+    trainer.evaluate(samples_file="eval-before-greedy.jsonl")
+    trainer.train()
+    trainer.evaluate(samples_file="eval-after-greedy.jsonl")
+    tokenizer.save_pretrained(folder / "engine-weights")
+
+
+@pytest.fixture(scope="module")
+def run_folder(tmp_path_factory) -> Path:
+    """A run folder from a tiny real GRPO run on Wordle: metrics.jsonl, samples.jsonl, the
+    greedy evaluations before and after, and the tokenizer in engine-weights/."""
+    folder = tmp_path_factory.mktemp("run")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: threads only contend (several times slower)
+    try:
+        train_tiny_run(folder)
+    finally:
+        torch.set_num_threads(threads)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """One headless Chromium for the module's browser tests."""
+    if find_chromium() is None and not REQUIRED:
+        pytest.skip("no chromium installed (scripts/browser_setup.sh installs it)")
+    with Browser() as instance:
+        yield instance
+
+
+def save_screenshot(browser: Browser, tmp_path: Path, name: str) -> Path:
+    """A full-page PNG in tmp_path (and TOOLGYM_SCREENSHOT_DIR); checks it is a real image."""
+    path = browser.screenshot(tmp_path / name)
+    if os.environ.get("TOOLGYM_SCREENSHOT_DIR"):
+        folder = Path(os.environ["TOOLGYM_SCREENSHOT_DIR"])
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, folder / name)
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    assert width >= 800 and height >= 600 and len(data) > 20_000, (width, height, len(data))
+    return path
+
+
+def open_view(browser: Browser, hash_: str, rendered: str) -> None:
+    """Follow a hash link in the page and wait until that view has rendered."""
+    browser.evaluate(f"location.hash = {json.dumps(hash_)}")
+    browser.wait_for(f"document.body.dataset.rendered === {json.dumps(rendered)}")
+
+
+def js(browser: Browser, expression: str):
+    """Evaluate in the page; shorthand."""
+    return browser.evaluate(expression)
+
+
+@needs_browser
+def test_the_page_shows_a_real_run(run_folder, browser, tmp_path):
+    steps = [json.loads(line) for line in (run_folder / "metrics.jsonl").read_text().splitlines()]
+    files = ["samples.jsonl", "eval-before-greedy.jsonl", "eval-after-greedy.jsonl"]
+    episodes = {name: load_jsonl(run_folder / name) for name in files}
+    with start(run_folder) as viewer:
+        browser.goto(viewer.url, ready=READY)
+        assert not browser.errors and not js(browser, "document.body.dataset.error || ''")
+        check_curves(browser, steps)
+        check_table(browser, episodes)
+        save_screenshot(browser, tmp_path, "viewer-run.png")
+        check_episode(browser, episodes["samples.jsonl"], run_folder)
+        save_screenshot(browser, tmp_path, "viewer-episode.png")
+        check_compare(browser, episodes)
+        save_screenshot(browser, tmp_path, "viewer-compare.png")
+        check_live_updates(browser, run_folder, steps, episodes)
+    assert not browser.errors
+
+
+def check_curves(browser: Browser, steps: list[dict]) -> None:
+    """One point per logged step on the reward curve; env/* metrics as their own group."""
+    points = "document.querySelectorAll('figure[data-key=\"reward\"] circle.pt')"
+    assert js(browser, f"{points}.length") == len(steps) == 2
+    assert js(browser, f"[...{points}].map(c => Number(c.dataset.step))") == [1, 2]
+    groups = js(browser, "[...document.querySelectorAll('.curve-group')].map(g => g.dataset.group)")
+    assert groups[0] == "Reward & success"
+    if any(key.startswith("env/") for key in steps[0]):
+        assert "Environment skills" in groups
+    statuses = js(browser, "document.querySelectorAll('figure[data-key=\"statuses\"] polyline')")
+    assert statuses is not None
+
+
+def set_filter(browser: Browser, selector: str, value: str, event: str = "change") -> None:
+    """Set a filter control as a user would, firing its event."""
+    browser.evaluate(
+        f"(() => {{ const c = document.querySelector({json.dumps(selector)});"
+        f" c.value = {json.dumps(value)}; c.dispatchEvent(new Event({json.dumps(event)})); }})()"
+    )
+
+
+def wait_for_table(browser: Browser, fragment: str) -> list[dict]:
+    """Wait until the table shows a page loaded with `fragment` in its query; its rows."""
+    query = "(document.querySelector('#episode-table').dataset.query || '')"
+    browser.wait_for(f"{query}.includes({json.dumps(fragment)})")
+    return js(
+        browser,
+        "[...document.querySelectorAll('#episode-table tbody tr[data-source]')]"
+        ".map(r => ({...r.dataset}))",
+    )
+
+
+def check_table(browser: Browser, episodes: dict[str, list[Trajectory]]) -> None:
+    """The table lists every episode with the total; the status and step filters narrow it."""
+    total = sum(len(e) for e in episodes.values())
+    assert js(browser, "Number(document.querySelector('#episode-total').dataset.total)") == total
+    assert len(wait_for_table(browser, "offset=0")) == total
+    every = [t for name in episodes for t in episodes[name]]
+    counts = {
+        status: sum(t.status == status for t in every) for status in {t.status for t in every}
+    }
+    assert len(counts) > 1, counts  # the fixture's episodes end in more than one way
+    status = min(counts, key=counts.get)
+    set_filter(browser, "#f-status", status)
+    shown = wait_for_table(browser, f"status={status}")
+    assert [row["status"] for row in shown] == [status] * counts[status] and len(shown) < total
+    set_filter(browser, "#f-status", "")
+    set_filter(browser, "#f-step-min", "2", "input")
+    shown = wait_for_table(browser, "step_min=2")
+    expected = [i for i, t in enumerate(episodes["samples.jsonl"]) if t.metrics["step"] >= 2]
+    assert [int(row["index"]) for row in shown] == expected and 0 < len(expected) < total
+    set_filter(browser, "#f-step-min", "", "input")
+    query = "document.querySelector('#episode-table').dataset.query"
+    browser.wait_for(f"!{query}.includes('step_min=2')")
+    assert js(browser, "document.querySelectorAll('#episode-table tbody tr').length") == total
+    env = js(browser, "document.querySelector('#episode-table tbody td.env').textContent")
+    assert "valid_guesses" in env  # Wordle's episode metrics
+
+
+def check_episode(browser: Browser, samples: list[Trajectory], run_folder: Path) -> None:
+    """One span per completion token, coloured by mask, decoded like the tokenizer; the
+    conversation shows the tool calls."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(run_folder / "engine-weights")
+    index = max(  # the episode with the most valid tool calls
+        range(len(samples)),
+        key=lambda i: samples[i].metrics["tool_calls"] - samples[i].metrics["tool_failures"],
+    )
+    assert {0, 1} <= set(samples[index].loss_mask) and samples[index].metrics["tool_calls"]
+    trajectory = samples[index]
+    open_view(browser, f"#episode=samples.jsonl:{index}", f"episode=samples.jsonl:{index}")
+    spans = js(
+        browser,
+        "[...document.querySelectorAll('#tokens .tok')].map(s => ({id: Number(s.dataset.id),"
+        " mask: Number(s.dataset.mask), logprob: s.dataset.logprob, text: s.textContent,"
+        " title: s.title, background: getComputedStyle(s).backgroundColor}))",
+    )
+    assert [s["id"] for s in spans] == trajectory.completion_ids
+    assert [s["mask"] for s in spans] == trajectory.loss_mask
+    assert [s["text"] for s in spans] == [tokenizer.decode([i]) for i in trajectory.completion_ids]
+    for span, logprob, mask in zip(spans, trajectory.logprobs, trajectory.loss_mask, strict=True):
+        if mask:
+            assert float(span["logprob"]) == pytest.approx(logprob)
+            assert f"id {span['id']}" in span["title"] and "logprob" in span["title"]
+    sampled = {s["background"] for s in spans if s["mask"] == 1}
+    observed = {s["background"] for s in spans if s["mask"] == 0}
+    assert sampled and observed and not sampled & observed
+    prompt = js(browser, "document.querySelectorAll('#prompt-tokens .tok.prompt').length")
+    assert prompt == len(trajectory.prompt_ids)
+    calls = js(
+        browser,
+        "[...document.querySelectorAll('#conversation .tool-call')].map(c => c.textContent)",
+    )
+    expected = [call["function"] for m in trajectory.messages for call in m.get("tool_calls") or []]
+    assert len(calls) == len(expected) > 0
+    for shown, call in zip(calls, expected, strict=True):
+        arguments = call["arguments"]
+        name, _, text = shown.partition("(")
+        assert name == call["name"] and text.endswith(")")
+        shown_arguments = text[:-1] if isinstance(arguments, str) else json.loads(text[:-1])
+        assert shown_arguments == arguments
+
+
+def check_compare(browser: Browser, episodes: dict[str, list[Trajectory]]) -> None:
+    """Before and after of the same dataset row, side by side."""
+    row = 1
+    before, after = (
+        episodes["eval-before-greedy.jsonl"][row],
+        episodes["eval-after-greedy.jsonl"][row],
+    )
+    assert before.row == after.row
+    open_view(browser, f"#compare=greedy:{row}", f"compare=greedy:{row}")
+    sides = js(
+        browser,
+        "[...document.querySelectorAll('.compare-side')].map(s => [s.dataset.source,"
+        " s.dataset.row, s.querySelectorAll('.msg').length])",
+    )
+    assert sides == [
+        ["eval-before-greedy.jsonl", str(row), len(before.messages)],
+        ["eval-after-greedy.jsonl", str(row), len(after.messages)],
+    ]
+    assert before.row["answer"] in js(browser, "document.querySelector('#compare-row').textContent")
+
+
+def check_live_updates(
+    browser: Browser, run_folder: Path, steps: list[dict], episodes: dict[str, list[Trajectory]]
+) -> None:
+    """A step and an episode written while the page is open show up without a reload."""
+    open_view(browser, "#", "overview")
+    with (run_folder / "metrics.jsonl").open("a") as file:
+        file.write(json.dumps({**steps[-1], "step": 3, "reward": 0.5}) + "\n")
+    save_jsonl(episodes["samples.jsonl"][:1], run_folder / "samples.jsonl", append=True)
+    points = "document.querySelectorAll('figure[data-key=\"reward\"] circle.pt').length"
+    browser.wait_for(f"{points} === 3", timeout=15)
+    total = sum(len(e) for e in episodes.values()) + 1
+    browser.wait_for(f"document.querySelector('#episode-total').dataset.total === '{total}'")
+
+
+# -- 10,000 episodes -------------------------------------------------------------------------------
+@needs_browser
+def test_ten_thousand_episodes_stay_responsive(browser, tmp_path):
+    path = tmp_path / "many.jsonl"
+    write_synthetic(path, 10_000)
+    began = time.perf_counter()
+    with start(path) as viewer:
+        indexed = time.perf_counter() - began
+        browser.goto(viewer.url, ready=READY)
+        load_ms = js(browser, "window.toolgymLoadMs")
+        print(f"\n10,000 episodes: indexed in {indexed:.2f} s, page ready in {load_ms:.0f} ms")
+        assert js(browser, "document.querySelector('#episode-total').dataset.total") == "10000"
+        assert "10,000 episodes" in js(
+            browser, "document.querySelector('#episode-total').textContent"
+        )
+        assert js(browser, "document.querySelectorAll('#episode-table tbody tr').length") == 50
+        js(browser, "document.querySelector('#page-next').click()")
+        browser.wait_for(
+            "(document.querySelector('#episode-table').dataset.query || '').includes('offset=50')"
+        )
+        first = js(browser, "document.querySelector('#episode-table tbody tr').dataset.index")
+        assert first == "50"
+        assert "No tokenizer" in js(browser, "document.querySelector('#notices').textContent")
+        save_screenshot(browser, tmp_path, "viewer-10000.png")
+        open_view(browser, "#episode=many.jsonl:9999", "episode=many.jsonl:9999")
+        assert js(browser, "document.querySelector('#tokens .tok').textContent").startswith("[")
+    assert load_ms < 5000 and not browser.errors

@@ -1,0 +1,74 @@
+"""The run viewer: `toolgym view PATH` opens a page on a training run or a trajectories file.
+
+The page plots `metrics.jsonl` (polling while the run writes it), pages through episodes with
+filters and text search, shows one episode as a conversation and as tokens coloured by their
+loss mask and shaded by their logprob, and puts before/after evaluation episodes of one dataset
+row side by side. Everything is served from this package on 127.0.0.1 (no network).
+
+```python
+from toolgym.viewer import serve, start
+
+serve("runs/wordle")  # blocks; prints the URL
+with start("runs/wordle", port=0) as viewer:  # in a thread (tests)
+    print(viewer.url)
+```
+"""
+
+from __future__ import annotations
+
+import webbrowser
+from pathlib import Path
+
+from toolgym.viewer.data import RunData
+from toolgym.viewer.server import ViewerApp, ViewerServer
+from toolgym.viewer.tokens import TokenDecoder
+
+__all__ = ["ViewerServer", "serve", "start"]
+
+
+def start(
+    path: str | Path, port: int = 0, tokenizer: str | None = None, host: str = "127.0.0.1"
+) -> ViewerServer:
+    """Index `path` and serve the viewer in a background thread; returns at once.
+
+    Args:
+        path: A run folder (metrics.jsonl, samples.jsonl, eval-*.jsonl) or a trajectories
+            JSONL file.
+        port: The port to listen on; 0 picks a free one (see `.url`).
+        tokenizer: A tokenizer folder for the token view; by default the run's own
+            (`engine-weights/` or the newest `checkpoint-*/`).
+        host: The address to bind.
+
+    Raises:
+        FileNotFoundError: `path` does not exist.
+        OSError: The port cannot be bound.
+    """
+    data = RunData(path)
+    decoder = TokenDecoder(data.path, tokenizer)
+    return ViewerServer(ViewerApp(data, decoder), host=host, port=port)
+
+
+def serve(
+    path: str | Path, port: int = 8765, tokenizer: str | None = None, open_browser: bool = False
+) -> None:
+    """Serve the viewer on `path` until interrupted (Ctrl-C), printing its URL.
+
+    Args:
+        path: A run folder or a trajectories JSONL file (see `start`).
+        port: The port on 127.0.0.1; 0 picks a free one.
+        tokenizer: A tokenizer folder for the token view (default: the run's own).
+        open_browser: Open the page in the default web browser.
+    """
+    viewer = start(path, port=port, tokenizer=tokenizer)
+    counts = ", ".join(
+        f"{s['name']}: {s['episodes']}" for s in viewer.app.data.describe()["sources"]
+    )
+    print(f"toolgym viewer on {viewer.url} ({counts or 'no episodes yet'}); Ctrl-C stops it")
+    if open_browser:
+        webbrowser.open(viewer.url)
+    try:
+        viewer.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        viewer.close()

@@ -1,0 +1,241 @@
+"""The viewer's HTTP server: the page's static files and a small JSON API, on 127.0.0.1.
+
+Routes (all GET):
+
+- `/` the page; `/static/<file>` its script and style sheet.
+- `/api/summary` the run: its files with episode and malformed-line counts, evaluation modes,
+  the tokenizer's state.
+- `/api/metrics?version=V` the rows of `metrics.jsonl` with a `version`; when the file has not
+  changed since `V`, only `{"version": V, "unchanged": true}`.
+- `/api/episodes?source=&status=&q=&step_min=&step_max=&reward_min=&reward_max=&sort=&offset=
+  &limit=` one page of episode summaries and the counts (`total`, `matched`, `statuses`).
+- `/api/episode?source=NAME&index=I` one full episode, with its prompt and completion tokens
+  decoded (`mask`, `logprob` per completion token).
+- `/api/compare?mode=greedy&row=I` row I of each evaluation stage of that mode, side by side.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from toolgym.viewer.data import EVAL_FILE, EpisodeQuery, RunData
+from toolgym.viewer.tokens import TokenDecoder
+
+STATIC = Path(__file__).resolve().parent / "static"
+CONTENT_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript; charset=utf-8",
+    ".css": "text/css; charset=utf-8",
+    ".svg": "image/svg+xml",
+}
+TOKEN_FIELDS = ("prompt_ids", "completion_ids", "loss_mask", "logprobs")
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with every NaN or infinity replaced by None (strict JSON for the browser)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    return value
+
+
+class RequestError(Exception):
+    """A request the API cannot answer: its message goes back with `status`."""
+
+    def __init__(self, message: str, status: HTTPStatus = HTTPStatus.BAD_REQUEST) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ViewerApp:
+    """Answers the API routes from a `RunData` and a `TokenDecoder` (no HTTP in here, so the
+    answers are easy to test).
+
+    Args:
+        data: The run or file being viewed.
+        decoder: Decodes token ids for the token view.
+    """
+
+    def __init__(self, data: RunData, decoder: TokenDecoder) -> None:
+        self.data = data
+        self.decoder = decoder
+
+    def answer(self, route: str, params: dict[str, str]) -> dict[str, Any]:
+        """The JSON answer of `/api/<route>` (RequestError for a bad request)."""
+        handlers = {
+            "summary": self.summary,
+            "metrics": self.metrics,
+            "episodes": self.episodes,
+            "episode": self.episode,
+            "compare": self.compare,
+        }
+        if route not in handlers:
+            raise RequestError(f"no API route {route!r}", HTTPStatus.NOT_FOUND)
+        self.data.refresh()
+        try:
+            return handlers[route](params)
+        except (KeyError, IndexError) as error:
+            raise RequestError(str(error.args[0]), HTTPStatus.NOT_FOUND) from error
+        except ValueError as error:
+            raise RequestError(str(error)) from error
+
+    def summary(self, params: dict[str, str]) -> dict[str, Any]:
+        """`/api/summary`."""
+        described = self.data.describe()
+        described["tokenizer"] = self.decoder.describe()
+        return described
+
+    def metrics(self, params: dict[str, str]) -> dict[str, Any]:
+        """`/api/metrics`."""
+        if self.data.metrics is None:
+            return {"version": "none", "rows": [], "malformed": 0, "available": False}
+        version, rows = self.data.metrics.read()
+        if params.get("version") == version:
+            return {"version": version, "unchanged": True}
+        malformed = self.data.metrics.malformed
+        return {"version": version, "rows": rows, "malformed": malformed, "available": True}
+
+    def episodes(self, params: dict[str, str]) -> dict[str, Any]:
+        """`/api/episodes`."""
+        return self.data.episodes(EpisodeQuery.from_params(params))
+
+    def episode(self, params: dict[str, str]) -> dict[str, Any]:
+        """`/api/episode`."""
+        episode_file = self.data.file(params.get("source", ""))
+        index = int(params.get("index", ""))
+        data = episode_file.read(index)
+        return {
+            "summary": episode_file.summary(index),
+            "episode": {k: v for k, v in data.items() if k not in TOKEN_FIELDS},
+            "prompt_tokens": self.decoder.tokens(data.get("prompt_ids") or []),
+            "completion_tokens": self.decoder.tokens(
+                data.get("completion_ids") or [],
+                data.get("loss_mask") or [],
+                data.get("logprobs") or [],
+            ),
+            "tokenizer": self.decoder.describe(),
+        }
+
+    def compare(self, params: dict[str, str]) -> dict[str, Any]:
+        """`/api/compare`."""
+        modes = self.data.compare_modes()
+        mode = params.get("mode") or next(iter(modes), "")
+        if mode not in modes:
+            raise RequestError(f"no evaluation files for mode {mode!r}", HTTPStatus.NOT_FOUND)
+        row = int(params.get("row") or 0)
+        files = [self.data.file(name) for name in modes[mode]]
+        sides = [self._side(f.name, f, row) for f in files]
+        return {"mode": mode, "row": row, "rows": max(len(f) for f in files), "sides": sides}
+
+    def _side(self, name: str, episode_file: Any, row: int) -> dict[str, Any]:
+        match = EVAL_FILE.match(name)
+        side: dict[str, Any] = {"source": name, "stage": match["stage"] if match else name}
+        if 0 <= row < len(episode_file):
+            data = episode_file.read(row)
+            side["summary"] = episode_file.summary(row)
+            side["episode"] = {k: v for k, v in data.items() if k not in TOKEN_FIELDS}
+        return side
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """Serves the static files and `/api/*` from the server's `ViewerApp`."""
+
+    server: _HTTPServer
+
+    def do_GET(self) -> None:
+        """Answer one GET request."""
+        url = urlsplit(self.path)
+        if url.path.startswith("/api/"):
+            self._api(url.path.removeprefix("/api/"), dict(parse_qsl(url.query)))
+        elif url.path in ("/", "/index.html"):
+            self._static("index.html")
+        elif url.path.startswith("/static/"):
+            self._static(url.path.removeprefix("/static/"))
+        else:
+            self._send(HTTPStatus.NOT_FOUND, b"not found", "text/plain")
+
+    def _api(self, route: str, params: dict[str, str]) -> None:
+        try:
+            answer, status = self.server.app.answer(route, params), HTTPStatus.OK
+        except RequestError as error:
+            answer, status = {"error": str(error)}, error.status
+        body = json.dumps(json_safe(answer), allow_nan=False, default=str).encode()
+        self._send(status, body, "application/json")
+
+    def _static(self, name: str) -> None:
+        path = (STATIC / name).resolve()
+        if path.parent != STATIC or not path.is_file():
+            self._send(HTTPStatus.NOT_FOUND, b"not found", "text/plain")
+            return
+        content_type = CONTENT_TYPES.get(path.suffix, "application/octet-stream")
+        self._send(HTTPStatus.OK, path.read_bytes(), content_type)
+
+    def _send(self, status: HTTPStatus, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: no line per request."""
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    app: ViewerApp
+
+
+class ViewerServer:
+    """A running viewer: its `url`, and `close()` (also a context manager).
+
+    Args:
+        app: What the API answers from.
+        host: The address to bind (127.0.0.1: this machine only).
+        port: The port; 0 picks a free one.
+    """
+
+    def __init__(self, app: ViewerApp, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.app = app
+        try:
+            self._httpd = _HTTPServer((host, port), _Handler)
+        except OSError as error:
+            raise OSError(f"cannot listen on {host}:{port} ({error}); try port 0") from error
+        self._httpd.app = app
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name="toolgym-viewer", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        """The page's address, e.g. `http://127.0.0.1:8765/`."""
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}/"
+
+    def wait(self) -> None:
+        """Block until the server is closed (or the process interrupted)."""
+        self._thread.join()
+
+    def close(self) -> None:
+        """Stop serving and free the port."""
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> ViewerServer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,100 @@
+"""Token ids to text for the viewer's token view, with the run's own tokenizer.
+
+The tokenizer is found next to the run (`engine-weights/`, else the newest `checkpoint-*/`,
+else the folder itself) or given explicitly, and loaded in the background with
+`transformers.AutoTokenizer` (importing transformers takes seconds). Without one, tokens are
+shown as their ids and the page says why.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def find_tokenizer(run_path: Path) -> Path | None:
+    """The folder holding the run's tokenizer, or None. `run_path` is a run folder or a file
+    inside one (a trajectories JSONL: its folder is searched)."""
+    folder = run_path if run_path.is_dir() else run_path.parent
+    checkpoints = sorted(
+        (p for p in folder.glob("checkpoint-*") if p.is_dir()),
+        key=lambda p: int(m[0]) if (m := re.search(r"\d+", p.name)) else -1,
+        reverse=True,
+    )
+    for candidate in [folder / "engine-weights", *checkpoints, folder]:
+        if any((candidate / name).is_file() for name in TOKENIZER_FILES):
+            return candidate
+    return None
+
+
+class TokenDecoder:
+    """Decodes single token ids, each once (cached), with a tokenizer loaded in a thread.
+
+    Args:
+        run_path: Where to look for the tokenizer when `tokenizer` is None.
+        tokenizer: A tokenizer folder or hub name given by the user.
+    """
+
+    def __init__(self, run_path: Path, tokenizer: str | None = None) -> None:
+        self.source = tokenizer or (str(p) if (p := find_tokenizer(run_path)) else None)
+        self.error: str | None = None if self.source else "no tokenizer found next to the run"
+        self._tokenizer: Any = None
+        self._cache: dict[int, str] = {}
+        self._loaded = threading.Event()
+        if self.source:
+            threading.Thread(target=self._load, name="viewer-tokenizer", daemon=True).start()
+        else:
+            self._loaded.set()
+
+    def _load(self) -> None:
+        try:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.source)
+        except Exception as error:  # any failure: show ids only, and say why
+            self.error = f"could not load the tokenizer from {self.source}: {error}"
+        finally:
+            self._loaded.set()
+
+    def ready(self, timeout: float | None = 60.0) -> bool:
+        """Wait for the tokenizer to load; whether one is usable."""
+        self._loaded.wait(timeout)
+        return self._tokenizer is not None
+
+    def describe(self) -> dict[str, Any]:
+        """What the page shows about the tokenizer."""
+        return {
+            "source": self.source,
+            "loaded": self._tokenizer is not None,
+            "pending": not self._loaded.is_set(),
+            "error": self.error,
+        }
+
+    def decode(self, token_id: int) -> str | None:
+        """The text of one token, or None without a tokenizer."""
+        if not self.ready():
+            return None
+        if token_id not in self._cache:
+            self._cache[token_id] = self._tokenizer.decode([token_id], skip_special_tokens=False)
+        return self._cache[token_id]
+
+    def tokens(
+        self, ids: list[int], mask: list[int] | None = None, logprobs: list[float] | None = None
+    ) -> list[dict[str, Any]]:
+        """One dict per token: `id`, `text` (None without a tokenizer), and for completion
+        tokens `mask` and `logprob` (a finite number, or None)."""
+        rows = []
+        for position, token_id in enumerate(ids):
+            row: dict[str, Any] = {"id": token_id, "text": self.decode(token_id)}
+            if mask is not None:
+                row["mask"] = mask[position] if position < len(mask) else 0
+                logprob = logprobs[position] if logprobs and position < len(logprobs) else None
+                finite = isinstance(logprob, (int, float)) and math.isfinite(logprob)
+                row["logprob"] = logprob if finite else None
+            rows.append(row)
+        return rows

@@ -243,6 +243,22 @@ def test_episode_metrics_are_read_at_the_end_and_bad_ones_are_env_errors(tokeniz
     assert bad.error.startswith("episode_metrics failed") and "finite" in bad.error
 
 
+def test_messages_are_reported_as_they_join_the_conversation(tokenizer):
+    agent = scripted_agent(tokenizer, [GUESS.format(word="slate"), GUESS.format(word="crane")])
+    seen, ended = [], []
+    trajectories = agent.run(
+        [toolgym.make("Wordle-v0"), toolgym.make("Wordle-v0")],
+        wordle_rows(2),
+        on_episode_end=ended.append,
+        on_message=lambda index, message: seen.append((index, message, len(ended))),
+    )
+    for index, trajectory in enumerate(trajectories):
+        mine = [(message, done) for i, message, done in seen if i == index]
+        assert [message for message, _ in mine] == trajectory.messages  # each once, in order
+        assert [m["role"] for m, _ in mine][:3] == ["user", "assistant", "tool"]
+        assert mine[1][1] == 0  # the first turn was told before any episode ended
+
+
 def test_jsonl_round_trip(tokenizer, tmp_path):
     agent = scripted_agent(tokenizer, [GUESS.format(word="crane")])
     trajectories = agent.run([toolgym.make("Wordle-v0")], wordle_rows(1))

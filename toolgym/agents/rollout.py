@@ -10,6 +10,7 @@ back only its own episode.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -102,6 +103,10 @@ class RequestBatcher:
                     future.set_result(completion)
 
 
+MessageHook = Callable[[int, dict[str, Any]], None]
+"""`Agent.run`'s `on_message`: (episode index, message)."""
+
+
 class PerRequest:
     """The scheduler for engines that take one request at a time (`submit`): each episode's
     request goes to the engine the moment it is ready, and the episode resumes the moment its
@@ -178,6 +183,7 @@ class Agent:
         seeds: Sequence[int | None] | None = None,
         on_episode_end: Callable[[Trajectory], None] | None = None,
         rollout_fn: RolloutFn | None = None,
+        on_message: MessageHook | None = None,
     ) -> list[Trajectory]:
         """Play one episode per (environment, row); returns trajectories in input order.
 
@@ -188,6 +194,9 @@ class Agent:
             on_episode_end: Called with each trajectory as its episode ends (progress bars).
             rollout_fn: Play each episode with this async function instead of the chat or
                 inline protocol (`toolgym.agents.custom`).
+            on_message: Called with (episode index, message) as each message joins an
+                episode's conversation: the prompt, each assistant turn, each tool result
+                (live displays such as `toolgym play`).
         """
 
         async def with_tool_threads() -> list[Trajectory]:
@@ -195,7 +204,7 @@ class Agent:
             loop.set_default_executor(
                 ThreadPoolExecutor(self.tool_threads, thread_name_prefix="toolgym-tool")
             )
-            return await self.arun(envs, rows, seeds, on_episode_end, rollout_fn)
+            return await self.arun(envs, rows, seeds, on_episode_end, rollout_fn, on_message)
 
         return run_coroutine(with_tool_threads())
 
@@ -216,6 +225,7 @@ class Agent:
         seeds: Sequence[int | None] | None = None,
         on_episode_end: Callable[[Trajectory], None] | None = None,
         rollout_fn: RolloutFn | None = None,
+        on_message: MessageHook | None = None,
     ) -> list[Trajectory]:
         """The async form of `run`."""
         if len(envs) != len(rows):
@@ -223,10 +233,12 @@ class Agent:
         seeds = list(seeds) if seeds is not None else [None] * len(rows)
         batcher = self._scheduler()
 
-        async def play(env: Any, row: Row, seed: int | None) -> Trajectory:
+        async def play(index: int, env: Any, row: Row, seed: int | None) -> Trajectory:
             batcher.episode_started()
             try:
                 episode = Episode(self, as_environment(env), dict(row), seed, batcher)
+                if on_message is not None:
+                    episode.on_message = functools.partial(on_message, index)
                 trajectory = await (episode.play_with(rollout_fn) if rollout_fn else episode.play())
             finally:
                 batcher.episode_ended()
@@ -234,7 +246,9 @@ class Agent:
                 on_episode_end(trajectory)
             return trajectory
 
-        episodes = [play(*args) for args in zip(envs, rows, seeds, strict=True)]
+        episodes = [
+            play(index, *args) for index, args in enumerate(zip(envs, rows, seeds, strict=True))
+        ]
         return list(await asyncio.gather(*episodes))
 
 
@@ -250,6 +264,8 @@ class Episode:
         batcher: PerRequest | RequestBatcher,
     ) -> None:
         self.agent, self.env, self.batcher = agent, env, batcher
+        self.on_message: Callable[[dict[str, Any]], None] = lambda message: None
+        """Told of each message as it joins the conversation (`Agent.run`'s `on_message`)."""
         self.prompt = row.pop("prompt", None)
         self.row, self.seed = row, seed
         self.limits = agent.limits
@@ -279,6 +295,8 @@ class Episode:
                 Trajectory([], messages=_prompt_messages(self.prompt, None)), "env_error", error
             )
         trajectory = Trajectory(prompt_ids, messages=list(messages))
+        for message in messages:
+            self.on_message(message)
         self.first_prompt_length = len(prompt_ids)
         try:
             if markers:
@@ -333,6 +351,7 @@ class Episode:
             parsed = _with_call_ids(self._parse(text, tools), turn)
             self.metrics["parse_failures"] += parsed.failures
             trajectory.messages.append(_assistant_message(text, parsed))
+            self.on_message(trajectory.messages[-1])
             if completion.finish_reason == "length":
                 return "length"
             if not parsed.tool_calls:
@@ -340,6 +359,8 @@ class Episode:
                 return "finished"
             step = await self.call_tools(parsed.tool_calls)
             trajectory.messages.extend(step.messages)
+            for message in step.messages:
+                self.on_message(message)
             if step.terminated:
                 return "finished" if step.info.get("answered") else "env_done"
             if step.truncated:
@@ -403,6 +424,7 @@ class Episode:
                 trajectory.completion_ids[start:], skip_special_tokens=False
             )
             trajectory.messages.append({"role": "assistant", "content": text, "raw_content": text})
+            self.on_message(trajectory.messages[-1])
 
     async def _final_answer(self, text: str) -> None:
         """The environment's `final_answer`, off the event loop and under the tool timeout

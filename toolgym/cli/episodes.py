@@ -84,17 +84,26 @@ def _close(envs: list[Any]) -> None:
 
 
 def play(args: argparse.Namespace) -> int:
-    """`toolgym play`: one episode, shown message by message (in colour in a terminal)."""
-    from toolgym.cli.show import print_trajectory
+    """`toolgym play`: one episode, each message shown as it happens (in colour in a
+    terminal), then its status line."""
+    from rich.console import Console
+
+    from toolgym.cli.show import print_message, print_outcome
 
     env_spec = resolve_env(args.env)
     rows = episode_rows(args, env_spec, 1)
     envs = make_envs(args, env_spec, 1)  # before the model: a bad --env-kwargs fails fast
+    console = Console()
     try:
-        (trajectory,) = build_agent(args).run(envs, rows, seeds=[args.seed])
+        (trajectory,) = build_agent(args).run(
+            envs,
+            rows,
+            seeds=[args.seed],
+            on_message=lambda _, message: print_message(message, console),
+        )
     finally:
         _close(envs)
-    print_trajectory(trajectory)
+    print_outcome(trajectory, console)
     return 0
 
 

@@ -45,7 +45,15 @@ def print_trajectory(trajectory: Trajectory, console: Console | None = None) -> 
     console = console or Console()
     for message in trajectory.messages:
         print_message(message, console)
+    print_outcome(trajectory, console)
+
+
+def print_outcome(trajectory: Trajectory, console: Console) -> None:
+    """The status line, the error if any, and the environment's skill metrics."""
     console.print(status_line(trajectory), soft_wrap=True)
+    if trajectory.env_metrics:
+        skills = " · ".join(f"{k} {v:g}" for k, v in trajectory.env_metrics.items())
+        console.print(Text(f"    {skills}", style="dim"), soft_wrap=True)
     if trajectory.error:
         console.print(Text(f"error: {trajectory.error}", style="bold red"), soft_wrap=True)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import statistics
 import time
 from pathlib import Path
@@ -129,7 +130,7 @@ def summary_table(before: dict[str, dict], after: dict[str, dict]) -> str:
     lines = [header + " ".join(f"{name:>10}" for name in SKILLS.values()) + "  statuses"]
     for mode in ("greedy", "sampled"):
         for stage, figures in (("before", before[mode]), ("after", after[mode])):
-            skills = " ".join(f"{figures['env'][key]:>10.2f}" for key in SKILLS)
+            skills = " ".join(f"{figures['env'].get(key, math.nan):>10.2f}" for key in SKILLS)
             lines.append(
                 f"{mode + ' ' + stage:<16} {figures['reward']:>16.3f} "
                 f"{figures['success_rate']:>8.1%} {skills}  {figures['statuses']}"

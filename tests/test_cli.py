@@ -298,6 +298,30 @@ def test_an_episode_in_a_terminal_has_colours(monkeypatch):
     assert "status max_turns · reward 0.000 · turns 2 · tool calls 2 (1 failed)" in plain
 
 
+def test_model_text_cannot_drive_the_terminal(monkeypatch):
+    from rich.console import Console
+
+    episode = _episode()
+    episode.messages[1]["content"] = "\x1b]0;pwned\x07 \x1b[2J cleared \x9b"
+    out = io.StringIO()
+    print_trajectory(episode, Console(file=out, force_terminal=True, color_system="standard"))
+    text = out.getvalue()
+    assert "\x1b]0;" not in text and "\x1b[2J" not in text and "\x9b" not in text
+    assert "\\x1b]0;pwned\\x07" in text  # shown escaped instead
+
+
+def test_optional_structured_flags_take_none_and_tuples_are_checked(tmp_path):
+    args = _train_args("--reward-weights", "none", "--lora", "none", "--epsilon-high", "none")
+    built = resolve_config(GRPOConfig, None, args)
+    assert (built.reward_weights, built.lora, built.epsilon_high) == (None, None, None)
+    built = resolve_config(GRPOConfig, None, _train_args("--reward-weights", "1", "0.5"))
+    assert built.reward_weights == [1.0, 0.5]
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"adam_betas": [0.9, 0.95, 0.1]}))
+    with pytest.raises(CLIError, match="adam_betas: expected 2 values, got 3"):
+        resolve_config(GRPOConfig, str(config), _train_args())
+
+
 def test_an_episode_piped_is_plain_text(monkeypatch):
     for variable in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE"):
         monkeypatch.delenv(variable, raising=False)

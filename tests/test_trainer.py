@@ -107,15 +107,18 @@ def test_warmup_fits_demonstrations_and_training_logs_everything(tokenizer, tmp_
     assert (tmp_path / "rewards.png").exists() and (tmp_path / "checkpoint-2").is_dir()
 
 
-def test_engine_log_lines_go_to_the_run_folder_unless_verbose(tokenizer, tmp_path, capsys):
+def test_engine_log_lines_go_to_the_run_folder_unless_verbose(tokenizer, tmp_path, capsys, caplog):
     import logging
+    import warnings
 
     trainer = GRPOTrainer(
         tiny_model(tokenizer), "Wordle-v0", rows(2), args=config(tmp_path), tokenizer=tokenizer
     )
     logging.getLogger("vllm.v1.worker.cpu_worker").warning("torch.set_num_threads skipped")
+    warnings.warn_explicit("reduce_op is deprecated", FutureWarning, "/x/vllm/dispatch.py", 3)
     assert trainer.engine_log == (tmp_path / "engine.log").resolve()
     assert "set_num_threads" in trainer.engine_log.read_text()
+    assert "FutureWarning: reduce_op is deprecated" in trainer.engine_log.read_text()
     assert "set_num_threads" not in capsys.readouterr().err
     verbose = GRPOTrainer(
         tiny_model(tokenizer),
@@ -125,6 +128,9 @@ def test_engine_log_lines_go_to_the_run_folder_unless_verbose(tokenizer, tmp_pat
         tokenizer=tokenizer,
     )
     assert verbose.engine_log is None
+    logging.getLogger("vllm.v1.worker.cpu_worker").warning("shown in the terminal")
+    assert "shown in the terminal" in caplog.text  # propagated to the root logger again
+    assert "shown in the terminal" not in trainer.engine_log.read_text()
 
 
 def test_reward_functions_and_rloo(tokenizer, tmp_path):

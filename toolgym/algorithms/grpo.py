@@ -32,7 +32,7 @@ import toolgym
 from toolgym.agents.custom import RolloutFn
 from toolgym.agents.engines.base import SamplingParams
 from toolgym.agents.engines.hf import HFEngine
-from toolgym.agents.engines.logs import engine_logs_to_file
+from toolgym.agents.engines.logs import engine_logs_to_file, engine_logs_to_terminal
 from toolgym.agents.rollout import Agent
 from toolgym.agents.trajectory import Sample, Trajectory, outcome, save_jsonl, summarize
 from toolgym.algorithms.advantages import group_advantages
@@ -98,6 +98,8 @@ class GRPOTrainer:
     ) -> None:
         self.args = args = args or GRPOConfig()
         self.engine_log = None if args.verbose else engine_logs_to_file(args.engine_log_path)
+        if args.verbose:
+            engine_logs_to_terminal()  # an earlier trainer in this process may have moved them
         """Where the engine's log lines go (None: the terminal, `verbose`)."""
         self.rollout_fn = rollout_fn  # plays episodes in training and evaluation alike
         self.stages = StageClock()

@@ -188,7 +188,7 @@ def argument_options(hint: Any, name: str = "value") -> dict[str, Any]:
             nargs: int | str = len(args)
         else:
             nargs = "*" if origin is list else "+"
-        return {"type": scalar_type(args[0], False), "nargs": nargs, "metavar": metavar}
+        return {"type": scalar_type(args[0], optional), "nargs": nargs, "metavar": metavar}
     return {"type": json_value, "metavar": "JSON"}
 
 
@@ -215,7 +215,10 @@ def scalar_type(kind: type, optional: bool) -> Callable[[str], Any]:
 
 
 def json_value(text: str) -> Any:
-    """A command-line word parsed as JSON (for dict and other structured fields)."""
+    """A command-line word parsed as JSON (for dict and other structured fields); `none` is
+    None, as for the other optional flags."""
+    if text.lower() == "none":
+        return None
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:
@@ -291,6 +294,8 @@ def coerce(value: Any, hint: Any, where: str) -> Any:
     """`value` (from a file or a flag) checked against, and converted to, the annotation;
     CLIError naming `where` when it does not fit."""
     base, optional = without_none(hint)
+    if optional and isinstance(value, list | tuple) and list(value) == [None]:
+        value = None  # `--reward-weights none`: the list flag's one word was `none`
     if value is None:
         if optional or base is Any:
             return None
@@ -313,6 +318,8 @@ def coerce(value: Any, hint: Any, where: str) -> Any:
     if origin in (list, tuple):
         if not isinstance(value, list | tuple):
             raise CLIError(f"{where}: expected a list, got {value!r}")
+        if origin is tuple and args and Ellipsis not in args and len(value) != len(args):
+            raise CLIError(f"{where}: expected {len(args)} values, got {len(value)}: {value!r}")
         element = args[0] if args else Any
         items = [coerce(v, element, where) for v in value]
         return tuple(items) if origin is tuple else items

@@ -148,15 +148,16 @@ def format_summary(env_id: str, s: dict[str, Any]) -> str:
 
 def view(args: argparse.Namespace) -> int:
     """`toolgym view`: serve a run folder or a trajectories JSONL in the browser."""
-    try:
-        from toolgym.viewer import serve
-    except ModuleNotFoundError as error:
-        if error.name not in ("toolgym.viewer", "toolgym"):
-            raise
-        raise CLIError("the run viewer (toolgym.viewer) is not available") from None
+    from toolgym.viewer import serve
+
     if not Path(args.path).exists():
         raise CLIError(f"{args.path!r} does not exist")
-    serve(args.path, port=args.port, tokenizer=args.tokenizer, open_browser=args.open)
+    try:
+        serve(args.path, port=args.port, tokenizer=args.tokenizer, open_browser=args.open)
+    except OSError as error:  # the port is taken, or not ours to bind
+        raise CLIError(
+            f"cannot serve on port {args.port}: {error} (--port 0 picks a free one)"
+        ) from None
     return 0
 
 

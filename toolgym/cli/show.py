@@ -9,12 +9,16 @@ redirected, the same text comes out plain, without escape codes (and `NO_COLOR` 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from rich.console import Console
 from rich.text import Text
 
 from toolgym.agents.trajectory import INFRASTRUCTURE_FAILURES, Trajectory
+
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""C0 and C1 control characters but tab and newline: shown escaped (`\\x1b`)."""
 
 ROLE_STYLES = {
     "system": "bold blue",
@@ -84,6 +88,7 @@ def call_text(call: dict[str, Any]) -> Text:
     if not isinstance(arguments, str):
         arguments = json.dumps(arguments, ensure_ascii=False)
     style = "red" if name == "invalid_tool_call" else "yellow"
+    name, arguments = _text(name), _text(arguments)
     return Text.assemble(("→ ", style), (name, f"bold {style}"), (f"({arguments})", style))
 
 
@@ -105,9 +110,11 @@ def status_line(trajectory: Trajectory) -> Text:
 
 
 def _text(value: Any) -> str:
-    """Message content as text (multimodal content lists keep their text parts)."""
+    """Message content as text (multimodal content lists keep their text parts), with control
+    characters made visible: text the model wrote must not drive the terminal (clear it,
+    retitle it, write links)."""
     if value is None:
         return ""
     if isinstance(value, list):
-        return "\n".join(str(part.get("text", part)) for part in value if isinstance(part, dict))
-    return str(value)
+        value = "\n".join(str(part.get("text", part)) for part in value if isinstance(part, dict))
+    return CONTROL_CHARACTERS.sub(lambda m: repr(m.group())[1:-1], str(value))

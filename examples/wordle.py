@@ -92,14 +92,15 @@ def config_from(args: argparse.Namespace) -> GRPOConfig:
 def evaluate(trainer: GRPOTrainer, stage: str) -> dict[str, dict]:
     """Held-out games played greedily and sampled at the training temperature (the policy GRPO
     actually optimises; greedy decoding can hide or exaggerate what changed). `stage` is
-    "before" or "after" (GRPO). Each mode's figures keep every game's reward, in game order,
-    for the paired difference."""
+    "before" or "after" (GRPO). Each mode's figures keep every game's reward and skill
+    metrics, in game order, for the paired differences."""
     figures = {}
     for mode, temperature in (("greedy", 0.0), ("sampled", trainer.args.temperature)):
         samples = f"eval-{stage}-{mode}.jsonl"
         figures[mode] = trainer.evaluate(temperature=temperature, samples_file=samples)
         episodes = load_jsonl(Path(trainer.args.output_dir) / samples)
         figures[mode]["rewards"] = [episode.reward for episode in episodes]
+        figures[mode]["skills"] = [episode.env_metrics for episode in episodes]
         print(
             f"{stage} GRPO ({mode}): mean reward {figures[mode]['reward']:.3f}, "
             f"win rate {figures[mode]['success_rate']:.1%}"
@@ -135,16 +136,29 @@ def summary_table(before: dict[str, dict], after: dict[str, dict]) -> str:
                 f"{mode + ' ' + stage:<16} {figures['reward']:>16.3f} "
                 f"{figures['success_rate']:>8.1%} {skills}  {figures['statuses']}"
             )
-        mean, error = paired_difference(before[mode]["rewards"], after[mode]["rewards"])
-        ratio = f" ({mean / error:+.1f} SE)" if error else ""
-        lines.append(f"{mode + ' change':<16} {f'{mean:+.3f} ± {error:.3f}':>16}{ratio}")
+        lines.append(change_row(mode, before[mode], after[mode]))
     games = before["greedy"]["episodes"]
     lines.append(
         f"({games} games each; per game: valid and distinct real words guessed, guesses after "
         "the first consistent with all the feedback before them, green positions and yellow "
-        "letters found; change: after - before, paired by game, ± one standard error)"
+        "letters found; change: after - before, paired by game, ± one standard error; SE: the "
+        "reward's change in standard errors)"
     )
     return "\n".join(lines)
+
+
+def change_row(mode: str, before: dict, after: dict) -> str:
+    """The paired after - before differences of the reward and of each skill."""
+    mean, error = paired_difference(before["rewards"], after["rewards"])
+    skills = []
+    for key in SKILLS:
+        values = [[game.get(key, math.nan) for game in f["skills"]] for f in (before, after)]
+        change, spread = paired_difference(*values)
+        skills.append(f"{f'{change:+.2f}±{spread:.2f}':>10}")
+    ratio = f"  ({mean / error:+.1f} SE)" if error else ""
+    return f"{mode + ' change':<16} {f'{mean:+.3f} ± {error:.3f}':>16} {'':>8} " + (
+        " ".join(skills) + ratio
+    )
 
 
 def parse_duration(text: str) -> float:

@@ -97,9 +97,7 @@ class GRPOTrainer:
         rollout_fn: RolloutFn | None = None,
     ) -> None:
         self.args = args = args or GRPOConfig()
-        self.engine_log = None if args.verbose else engine_logs_to_file(args.engine_log_path)
-        if args.verbose:
-            engine_logs_to_terminal()  # an earlier trainer in this process may have moved them
+        self.engine_log = _route_engine_logs(args)
         """Where the engine's log lines go (None: the terminal, `verbose`)."""
         self.rollout_fn = rollout_fn  # plays episodes in training and evaluation alike
         self.stages = StageClock()
@@ -795,3 +793,12 @@ def _with_lora(model: Any, lora: dict[str, Any]) -> Any:
     except ImportError as error:
         raise ImportError("LoRA needs peft: pip install 'toolgym[lora]'") from error
     return get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora))
+
+
+def _route_engine_logs(args: GRPOConfig) -> Path | None:
+    """The engine's log lines to `output_dir/engine.log` (its path), or, with `verbose`, to
+    the terminal (None), undoing what an earlier trainer in this process set."""
+    if args.verbose:
+        engine_logs_to_terminal()
+        return None
+    return engine_logs_to_file(args.engine_log_path)

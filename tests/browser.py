@@ -4,9 +4,10 @@
 it) with a throwaway profile and `--remote-debugging-port=0`, reads the port Chromium picked
 from `<profile>/DevToolsActivePort`, opens one page and talks to it over one websocket
 (`websockets.sync.client`, flattened target sessions). It can navigate, evaluate JavaScript,
-wait for a JS condition and save a PNG screenshot; JavaScript exceptions and console errors
-are collected in `errors`. `close()` (or leaving the `with` block) always kills the browser
-and its child processes and deletes the profile.
+wait for a JS condition and save a PNG screenshot; JavaScript exceptions, console errors and
+the browser's own error messages (a Content-Security-Policy violation, say; failed network
+requests are left to the page) are collected in `errors`. `close()` (or leaving the `with`
+block) always kills the browser and its child processes and deletes the profile.
 
 ```python
 with Browser() as browser:
@@ -114,7 +115,7 @@ class Browser:
             "Target.attachToTarget", {"targetId": target["targetId"], "flatten": True}, None
         )
         session = attached["sessionId"]
-        for method in ("Page.enable", "Runtime.enable"):
+        for method in ("Page.enable", "Runtime.enable", "Log.enable"):
             self.send(method, session=session)
         metrics = {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False}
         self.send("Emulation.setDeviceMetricsOverride", metrics, session)
@@ -136,7 +137,10 @@ class Browser:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise BrowserError(f"{method}: no answer in {self.timeout} s")
-            reply = json.loads(self._socket.recv(timeout=left))
+            try:
+                reply = json.loads(self._socket.recv(timeout=left))
+            except TimeoutError:  # the driver's own error: wait_for goes on polling
+                raise BrowserError(f"{method}: no answer in {self.timeout} s") from None
             if reply.get("id") == message["id"]:
                 if "error" in reply:
                     raise BrowserError(f"{method}: {reply['error'].get('message')}")
@@ -144,6 +148,7 @@ class Browser:
             self._note_event(reply)
 
     def _note_event(self, event: dict[str, Any]) -> None:
+        """Keep the page's exceptions and error messages in `errors`."""
         params = event.get("params", {})
         if event.get("method") == "Runtime.exceptionThrown":
             details = params.get("exceptionDetails", {})
@@ -152,6 +157,10 @@ class Browser:
         elif event.get("method") == "Runtime.consoleAPICalled" and params.get("type") == "error":
             texts = [str(arg.get("value", arg.get("description", ""))) for arg in params["args"]]
             self.errors.append("console.error: " + " ".join(texts))
+        elif event.get("method") == "Log.entryAdded" and params["entry"].get("level") == "error":
+            entry = params["entry"]
+            if entry.get("source") != "network":  # a failed fetch: the page itself reports it
+                self.errors.append(f"{entry.get('source')}: {entry.get('text')}")
 
     # -- what the tests use ------------------------------------------------------------------------
     def evaluate(self, expression: str) -> Any:

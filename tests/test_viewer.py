@@ -9,13 +9,18 @@ the test's tmp_path, and also to TOOLGYM_SCREENSHOT_DIR when it is set.
 
 from __future__ import annotations
 
+import http.client
 import json
+import math
 import os
 import random
+import re
 import shutil
 import struct
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -29,9 +34,10 @@ from toolgym.agents import AgentLimits
 from toolgym.agents.trajectory import Trajectory, load_jsonl, save_jsonl
 from toolgym.algorithms import GRPOConfig, GRPOTrainer
 from toolgym.testing import tiny_tokenizer
+from toolgym.viewer import data as data_module
 from toolgym.viewer import start
 from toolgym.viewer.data import RunData
-from toolgym.viewer.server import RequestError, ViewerApp
+from toolgym.viewer.server import RequestError, ViewerApp, ViewerServer
 from toolgym.viewer.tokens import TokenDecoder
 
 REQUIRED = os.environ.get("TOOLGYM_REQUIRE_BROWSER") == "1"
@@ -149,6 +155,12 @@ def test_metrics_are_reread_only_when_the_file_changes(tmp_path):
         file.write("garbage\n" + json.dumps({"step": 2, "reward": 0.7}) + "\n")
     second = app.answer("metrics", {"version": first["version"]})
     assert [row["step"] for row in second["rows"]] == [1, 2] and second["malformed"] == 1
+    nested = {"step": 3, "reward": 0.9, "lists": [[1]], "statuses": {"env_done": 2, "x": {}}}
+    with metrics.open("a") as file:
+        file.write("[" * 100_000 + "]" * 100_000 + "\n" + json.dumps(nested) + "\n")
+    third = app.answer("metrics", {})  # too deep: malformed; only what can be plotted is sent
+    assert third["malformed"] == 2
+    assert third["rows"][-1] == {"step": 3, "reward": 0.9, "statuses": {"env_done": 2}}
 
 
 def get(url: str) -> tuple[int, bytes]:
@@ -179,6 +191,187 @@ def test_the_server_serves_the_page_and_strict_json(tmp_path):
         assert get(viewer.url + "api/episodes?offset=x")[0] == 400
     with pytest.raises(FileNotFoundError, match="no run folder"):
         start(tmp_path / "missing")
+
+
+def bad_lines(good: dict) -> list[str]:
+    """The lines of the wrong shape that once broke the viewer, each built on a good episode."""
+    deep = '{"completion_ids": [], "messages": [], "row": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    return [
+        json.dumps({**good, "metrics": [1]}),
+        json.dumps({**good, "env_metrics": "x"}),
+        json.dumps({**good, "messages": [{"role": "assistant", "content": "", "tool_calls": 5}]}),
+        deep,  # json.loads: RecursionError
+        json.dumps({**good, "reward": 10**400}),  # math.isfinite: OverflowError
+    ]
+
+
+def append_lines(path: Path, lines: list[str]) -> None:
+    """Append whole lines to `path`."""
+    with path.open("a") as file:
+        file.write("".join(line + "\n" for line in lines))
+
+
+def test_bad_lines_are_counted_and_the_server_keeps_answering(tmp_path):
+    path = tmp_path / "episodes.jsonl"
+    write_synthetic(path, 4)
+    good = json.loads(path.read_text().splitlines()[0])
+    append_lines(path, bad_lines(good)[:3])
+    save_jsonl([synthetic_trajectory(random.Random(1), 4)], path, append=True)
+    with start(path) as viewer:  # indexing at start: no exception
+        assert viewer.app.data.describe()["sources"][0]["malformed"] == 3
+        append_lines(path, bad_lines(good)[3:])  # and while the viewer runs
+        save_jsonl([synthetic_trajectory(random.Random(2), 5)], path, append=True)
+        status, body = get(viewer.url + "api/episodes?limit=500")
+        assert status == 200 and json.loads(body)["total"] == 6
+        assert [row["index"] for row in json.loads(body)["rows"]] == list(range(6))
+        status, body = get(viewer.url + "api/summary")
+        assert status == 200
+        assert json.loads(body)["sources"] == [
+            {"name": "episodes.jsonl", "episodes": 6, "malformed": 5}
+        ]
+        assert get(viewer.url + "api/episode?source=episodes.jsonl&index=5")[0] == 200
+
+
+def test_a_failing_reread_or_answer_is_a_json_error_not_a_dead_api(tmp_path, monkeypatch):
+    path = tmp_path / "episodes.jsonl"
+    write_synthetic(path, 3)
+    with start(path) as viewer:
+
+        def broken_refresh() -> None:
+            raise PermissionError("the disk went away")
+
+        monkeypatch.setattr(viewer.app.data, "refresh", broken_refresh)
+        status, body = get(viewer.url + "api/episodes")
+        assert status == 200 and json.loads(body)["total"] == 3  # what was indexed before
+        summary = json.loads(get(viewer.url + "api/summary")[1])
+        assert "the disk went away" in summary["refresh_error"]
+        monkeypatch.undo()
+        assert json.loads(get(viewer.url + "api/summary")[1])["refresh_error"] is None
+
+        def broken_answer(params: dict) -> dict:
+            raise ZeroDivisionError("a bug")
+
+        monkeypatch.setattr(viewer.app, "episodes", broken_answer)
+        status, body = get(viewer.url + "api/episodes")
+        assert status == 500 and "ZeroDivisionError: a bug" in json.loads(body)["error"]
+        assert get(viewer.url + "api/summary")[0] == 200  # the other routes still answer
+
+
+def test_sorting_puts_episodes_without_a_value_last_both_ways(tmp_path):
+    path = tmp_path / "episodes.jsonl"
+    trajectories = write_synthetic(path, 6)
+    for trajectory in trajectories[::2]:
+        trajectory.reward = float("nan")  # saved as NaN: no value
+        del trajectory.metrics["step"]
+    save_jsonl(trajectories, path)
+    app = ViewerApp(RunData(path), TokenDecoder(path))
+    with_value = [i for i in range(6) if i % 2]
+    for sort in ("reward", "-reward", "step", "-step"):
+        rows = app.answer("episodes", {"sort": sort})["rows"]
+        name = sort.lstrip("-")
+        values = [row[name] for row in rows]
+        assert values[3:] == [None] * 3 and [row["index"] for row in rows[3:]] == [0, 2, 4]
+        assert values[:3] == sorted(values[:3], reverse=sort.startswith("-")), sort
+        assert sorted(row["index"] for row in rows[:3]) == with_value
+
+
+def test_search_reads_the_first_4000_characters_and_indexing_reports_progress(
+    tmp_path, monkeypatch
+):
+    path = tmp_path / "episodes.jsonl"
+    trajectories = write_synthetic(path, 3)
+    trajectories[1].messages[0]["content"] = "early " + "x" * 5000 + " lateword"
+    save_jsonl(trajectories, path)
+    app = ViewerApp(RunData(path), TokenDecoder(path))
+    assert [row["index"] for row in app.answer("episodes", {"q": "early"})["rows"]] == [1]
+    assert app.answer("episodes", {"q": "lateword"})["matched"] == 0
+    assert all(
+        len(entry.text) <= data_module.SEARCH_CHARS for entry in app.data.files()[0].entries()
+    )
+    monkeypatch.setattr(data_module, "PROGRESS_SECONDS", 0.0)
+    heard: list[int] = []
+    RunData(path, progress=heard.append)
+    assert heard == [1, 2, 3]
+
+
+def test_compare_warns_when_the_paired_rows_differ(tmp_path):
+    rng = random.Random(0)
+    before = [synthetic_trajectory(rng, number) for number in range(2)]
+    after = [synthetic_trajectory(rng, number) for number in range(2)]
+    before[0].row, after[0].row = {"answer": "crane"}, {"answer": "crane"}
+    before[1].row, after[1].row = {"answer": "crane"}, {"answer": "slate"}
+    save_jsonl(before, tmp_path / "eval-before-greedy.jsonl")
+    save_jsonl(after, tmp_path / "eval-after-greedy.jsonl")
+    app = ViewerApp(RunData(tmp_path), TokenDecoder(tmp_path))
+    assert "warning" not in app.answer("compare", {"mode": "greedy", "row": "0"})
+    warning = app.answer("compare", {"mode": "greedy", "row": "1"})["warning"]
+    assert "rows differ" in warning and "line number" in warning
+
+
+def request(url: str, host: str | None = None) -> tuple[int, dict[str, str], bytes]:
+    """Status, headers and body of a GET of `url` with the given Host header."""
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    try:
+        connection.request("GET", parts.path or "/", headers={"Host": host or parts.netloc})
+        response = connection.getresponse()
+        return response.status, dict(response.getheaders()), response.read()
+    finally:
+        connection.close()
+
+
+def test_the_server_refuses_other_hosts_and_forbids_inline_code(tmp_path):
+    write_synthetic(tmp_path / "samples.jsonl", 2)
+    with start(tmp_path) as viewer:
+        port = urllib.parse.urlsplit(viewer.url).port
+        status, headers, body = request(viewer.url + "api/summary", host="evil.example")
+        assert status == 403 and b"samples.jsonl" not in body  # DNS rebinding
+        assert request(viewer.url, host=f"evil.example:{port}")[0] == 403
+        assert request(viewer.url, host="localhost:1")[0] == 403
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}"):
+            assert request(viewer.url + "api/summary", host=host)[0] == 200
+        for path in ("", "static/app.js", "api/summary", "api/nothing", "missing"):
+            for host in (None, "evil.example"):
+                headers = request(viewer.url + path, host=host)[1]
+                assert headers["Content-Security-Policy"].startswith("default-src 'self'")
+                assert headers["X-Content-Type-Options"] == "nosniff"
+        page = request(viewer.url)[2].decode()
+    # the page works under that policy: no inline script, handler or style attribute
+    assert re.findall(r"<script(?![^>]*\bsrc=)", page) == []
+    assert re.findall(r"\son[a-z]+\s*=|\sstyle\s*=", page) == []
+
+
+def test_tokens_come_back_at_once_while_the_tokenizer_loads(tmp_path):
+    path = tmp_path / "episodes.jsonl"
+    trajectories = write_synthetic(path, 1)
+    tiny_tokenizer().save_pretrained(tmp_path / "engine-weights")
+    gate = threading.Event()
+    decoder = GatedDecoder(path, gate)
+    app = ViewerApp(RunData(path), decoder)
+    began = time.perf_counter()
+    answer = app.answer("episode", {"source": "episodes.jsonl", "index": "0"})
+    assert time.perf_counter() - began < 2 and answer["tokenizer"]["pending"]
+    assert {(t["text"], t["token"]) for t in answer["completion_tokens"]} == {(None, None)}
+    gate.set()
+    assert decoder.ready(timeout=60)
+    answer = app.answer("episode", {"source": "episodes.jsonl", "index": "0"})
+    assert not answer["tokenizer"]["pending"] and answer["tokenizer"]["loaded"]
+    tokenizer = decoder._tokenizer
+    ids = trajectories[0].completion_ids
+    assert [t["text"] for t in answer["completion_tokens"]] == [tokenizer.decode([i]) for i in ids]
+    assert [t["token"] for t in answer["completion_tokens"]] == tokenizer.convert_ids_to_tokens(ids)
+
+
+class GatedDecoder(TokenDecoder):
+    """A TokenDecoder whose tokenizer loads only once `gate` is set (a slow load, on demand)."""
+
+    def __init__(self, run_path: Path, gate: threading.Event) -> None:
+        self.gate = gate
+        super().__init__(run_path)
+
+    def _load(self) -> None:
+        self.gate.wait(60)
+        super()._load()
 
 
 # -- a tiny real run, in the browser ---------------------------------------------------------------
@@ -282,16 +475,36 @@ def test_the_page_shows_a_real_run(run_folder, browser, tmp_path):
 
 
 def check_curves(browser: Browser, steps: list[dict]) -> None:
-    """One point per logged step on the reward curve; env/* metrics as their own group."""
-    points = "document.querySelectorAll('figure[data-key=\"reward\"] circle.pt')"
-    assert js(browser, f"{points}.length") == len(steps) == 2
-    assert js(browser, f"[...{points}].map(c => Number(c.dataset.step))") == [1, 2]
+    """The reward curve plots each logged step at its logged value; each env/* metric has its
+    chart in its own group; the statuses chart has one line per status."""
+    points = "[...document.querySelectorAll('figure[data-key=\"reward\"] circle.pt')]"
+    plotted = js(browser, f"{points}.map(c => [Number(c.dataset.step), Number(c.dataset.value)])")
+    assert plotted == [[row["step"], row["reward"]] for row in steps] and len(steps) == 2
     groups = js(browser, "[...document.querySelectorAll('.curve-group')].map(g => g.dataset.group)")
     assert groups[0] == "Reward & success"
-    if any(key.startswith("env/") for key in steps[0]):
-        assert "Environment skills" in groups
-    statuses = js(browser, "document.querySelectorAll('figure[data-key=\"statuses\"] polyline')")
-    assert statuses is not None
+    env_keys = sorted(
+        {
+            key
+            for row in steps
+            for key, value in row.items()
+            if key.startswith("env/") and isinstance(value, (int, float)) and math.isfinite(value)
+        }
+    )
+    assert env_keys, "a Wordle run logs env/* metrics"
+    env_charts = js(
+        browser,
+        '[...document.querySelectorAll(\'.curve-group[data-group="Environment skills"]'
+        " figure')].map(f => f.dataset.key)",
+    )
+    assert sorted(env_charts) == env_keys
+    names = sorted({name for row in steps for name in row.get("statuses") or {}})
+    assert names, "each step logs its episodes' statuses"
+    lines = js(
+        browser,
+        "[...document.querySelectorAll('figure[data-key=\"statuses\"] polyline')]"
+        ".map(p => p.dataset.series)",
+    )
+    assert sorted(lines) == names
 
 
 def set_filter(browser: Browser, selector: str, value: str, event: str = "change") -> None:
@@ -353,6 +566,7 @@ def check_episode(browser: Browser, samples: list[Trajectory], run_folder: Path)
     assert {0, 1} <= set(samples[index].loss_mask) and samples[index].metrics["tool_calls"]
     trajectory = samples[index]
     open_view(browser, f"#episode=samples.jsonl:{index}", f"episode=samples.jsonl:{index}")
+    browser.wait_for("document.querySelector('#tokens').dataset.pending === '0'")
     spans = js(
         browser,
         "[...document.querySelectorAll('#tokens .tok')].map(s => ({id: Number(s.dataset.id),"
@@ -362,13 +576,18 @@ def check_episode(browser: Browser, samples: list[Trajectory], run_folder: Path)
     assert [s["id"] for s in spans] == trajectory.completion_ids
     assert [s["mask"] for s in spans] == trajectory.loss_mask
     assert [s["text"] for s in spans] == [tokenizer.decode([i]) for i in trajectory.completion_ids]
-    for span, logprob, mask in zip(spans, trajectory.logprobs, trajectory.loss_mask, strict=True):
+    raw = tokenizer.convert_ids_to_tokens(trajectory.completion_ids)
+    for span, logprob, mask, token in zip(
+        spans, trajectory.logprobs, trajectory.loss_mask, raw, strict=True
+    ):
+        assert f"(raw {json.dumps(token, ensure_ascii=False)})" in span["title"]
         if mask:
             assert float(span["logprob"]) == pytest.approx(logprob)
             assert f"id {span['id']}" in span["title"] and "logprob" in span["title"]
     sampled = {s["background"] for s in spans if s["mask"] == 1}
     observed = {s["background"] for s in spans if s["mask"] == 0}
     assert sampled and observed and not sampled & observed
+    check_shading([s for s in spans if s["mask"] == 1])  # a confident model: close logprobs
     prompt = js(browser, "document.querySelectorAll('#prompt-tokens .tok.prompt').length")
     assert prompt == len(trajectory.prompt_ids)
     calls = js(
@@ -383,6 +602,23 @@ def check_episode(browser: Browser, samples: list[Trajectory], run_folder: Path)
         assert name == call["name"] and text.endswith(")")
         shown_arguments = text[:-1] if isinstance(arguments, str) else json.loads(text[:-1])
         assert shown_arguments == arguments
+
+
+def brightness(colour: str) -> int:
+    """The sum of the channels of a computed `rgb(r, g, b)` colour."""
+    return sum(int(part) for part in re.findall(r"\d+", colour)[:3])
+
+
+def check_shading(sampled: list[dict], spread: float = 0.0) -> None:
+    """Among sampled tokens, a lower logprob never gets a lighter shade, and the lowest is
+    darker than the highest (where their logprobs lie more than `spread` apart: asserted)."""
+    ordered = sorted(sampled, key=lambda s: float(s["logprob"]))
+    shades = [brightness(s["background"]) for s in ordered]
+    assert shades == sorted(shades), [(s["logprob"], s["background"]) for s in ordered]
+    low, high = ordered[0], ordered[-1]
+    assert float(high["logprob"]) - float(low["logprob"]) > spread
+    if spread:
+        assert brightness(low["background"]) < brightness(high["background"]), (low, high)
 
 
 def check_compare(browser: Browser, episodes: dict[str, list[Trajectory]]) -> None:
@@ -404,6 +640,7 @@ def check_compare(browser: Browser, episodes: dict[str, list[Trajectory]]) -> No
         ["eval-after-greedy.jsonl", str(row), len(after.messages)],
     ]
     assert before.row["answer"] in js(browser, "document.querySelector('#compare-row').textContent")
+    assert js(browser, "document.querySelector('#compare-warning').hidden")  # the rows match
 
 
 def check_live_updates(
@@ -427,10 +664,14 @@ def test_ten_thousand_episodes_stay_responsive(browser, tmp_path):
     write_synthetic(path, 10_000)
     began = time.perf_counter()
     with start(path) as viewer:
-        indexed = time.perf_counter() - began
+        indexed = time.perf_counter() - began  # what `toolgym view` spends before serving
         browser.goto(viewer.url, ready=READY)
-        load_ms = js(browser, "window.toolgymLoadMs")
-        print(f"\n10,000 episodes: indexed in {indexed:.2f} s, page ready in {load_ms:.0f} ms")
+        load_ms = js(browser, "window.toolgymLoadMs")  # from the page's navigation on
+        print(
+            f"\n10,000 episodes ({path.stat().st_size / 1e6:.0f} MB): the server indexed them in"
+            f" {indexed:.2f} s, then the page was ready in {load_ms:.0f} ms"
+            f" ({indexed + load_ms / 1000:.2f} s from start to a usable page)"
+        )
         assert js(browser, "document.querySelector('#episode-total').dataset.total") == "10000"
         assert "10,000 episodes" in js(
             browser, "document.querySelector('#episode-total').textContent"
@@ -446,4 +687,138 @@ def test_ten_thousand_episodes_stay_responsive(browser, tmp_path):
         save_screenshot(browser, tmp_path, "viewer-10000.png")
         open_view(browser, "#episode=many.jsonl:9999", "episode=many.jsonl:9999")
         assert js(browser, "document.querySelector('#tokens .tok').textContent").startswith("[")
-    assert load_ms < 5000 and not browser.errors
+    assert indexed < 60 and load_ms < 5000 and not browser.errors
+
+
+# -- hostile text, huge curves, a slow tokenizer ---------------------------------------------------
+HOSTILE = '<img src=x onerror="window.__xss=1"> <script>window.__xss=1</script>'
+LOGGED_STEPS = 150_000  # past what Math.min(...values) can spread
+
+
+def hostile_run(folder: Path) -> list[Trajectory]:
+    """A run folder whose first episode carries HTML in every text field, with a failed and a
+    fine tool call; a malformed line; evaluations whose second rows differ; 150,000 logged
+    steps; the tokenizer in engine-weights/."""
+    rng = random.Random(0)
+    trajectories = [synthetic_trajectory(rng, number) for number in range(3)]
+    call = {"function": {"name": HOSTILE, "arguments": {"word": HOSTILE}}}
+    trajectories[0].messages = [
+        {"role": "user", "content": HOSTILE},
+        {"role": "assistant", "content": "", "reasoning_content": HOSTILE, "tool_calls": [call]},
+        {"role": "tool", "name": "guess", "content": f"Error: {HOSTILE}"},
+        {"role": "tool", "name": "guess", "content": "Errors so far: none"},
+        {"role": "assistant", "content": HOSTILE, "raw_content": HOSTILE},
+    ]
+    trajectories[0].error = HOSTILE
+    trajectories[0].env_metrics = {HOSTILE: 1.0}
+    trajectories[0].row = {"answer": HOSTILE}
+    trajectories[1].row, trajectories[2].row = {"answer": "crane"}, {"answer": "slate"}
+    save_jsonl(trajectories, folder / "samples.jsonl")
+    append_lines(folder / "samples.jsonl", ["{not json"])
+    save_jsonl(trajectories[:2], folder / "eval-before-greedy.jsonl")
+    save_jsonl([trajectories[0], trajectories[2]], folder / "eval-after-greedy.jsonl")
+    rows = (
+        {
+            "step": step,
+            "reward": round(math.sin(step / 1000), 4),
+            "statuses": {"env_done": step % 3},
+        }
+        for step in range(1, LOGGED_STEPS + 1)
+    )
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    tiny_tokenizer().save_pretrained(folder / "engine-weights")
+    return trajectories
+
+
+@needs_browser
+def test_the_page_shows_html_as_text_huge_curves_and_a_slow_tokenizer(browser, tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    trajectories = hostile_run(folder)
+    gate = threading.Event()
+    with ViewerServer(ViewerApp(RunData(folder), GatedDecoder(folder, gate))) as viewer:
+        browser.goto(viewer.url, ready=READY)
+        assert not js(browser, "document.body.dataset.error || ''")
+        check_huge_curves(browser)
+        notices = js(browser, "document.querySelector('#notices').textContent")
+        assert "samples.jsonl: 1 malformed line" in notices
+        assert js(browser, "document.querySelectorAll('#view-overview img').length") == 0
+        save_screenshot(browser, tmp_path, "viewer-huge-curves.png")
+        open_view(browser, "#episode=samples.jsonl:0", "episode=samples.jsonl:0")
+        check_html_as_text(browser)
+        check_pending_tokens(browser, gate, trajectories[0])
+        save_screenshot(browser, tmp_path, "viewer-hostile-episode.png")
+        open_view(browser, "#compare=greedy:1", "compare=greedy:1")
+        warning = "document.querySelector('#compare-warning')"
+        assert not js(browser, f"{warning}.hidden")
+        assert "rows differ" in js(browser, f"{warning}.textContent")
+        save_screenshot(browser, tmp_path, "viewer-compare-warning.png")
+        open_view(browser, "#compare=greedy:0", "compare=greedy:0")
+        assert js(browser, f"{warning}.hidden")
+        open_view(browser, "#episode=%E0%A4%A", "overview")  # a malformed %-escape: the run
+        assert not js(browser, "document.body.dataset.error || ''")
+        time.sleep(0.3)  # an injected <img> would have fired onerror by now
+        assert js(browser, "typeof window.__xss") == "undefined"
+    assert not browser.errors
+
+
+def check_huge_curves(browser: Browser) -> None:
+    """150,000 steps: the curves are drawn, thinned to 1,500 points with no dot per point, and
+    hovering shows the logged value of the nearest step."""
+    figure = "document.querySelector('figure[data-key=\"reward\"]')"
+    shape = js(
+        browser,
+        f"(() => {{ const f = {figure}; return [f.dataset.points, f.dataset.thinned,"
+        " f.querySelector('polyline').dataset.drawn, f.querySelectorAll('circle').length]; })()",
+    )
+    assert shape == [str(LOGGED_STEPS), "1", "1500", 1]  # the one circle: the hover marker
+    assert js(browser, "document.querySelectorAll('figure[data-error]').length") == 0
+    assert js(browser, "document.querySelectorAll('figure[data-key=\"statuses\"]').length") == 1
+    label = js(
+        browser,
+        f"(() => {{ const f = {figure}, g = f.querySelector('svg'),"
+        " b = g.getBoundingClientRect();"
+        " g.dispatchEvent(new MouseEvent('mousemove', {clientX: b.left + 0.6 * b.width,"
+        " clientY: b.top + b.height / 2}));"
+        " return f.querySelector('text.hover-label').textContent; })()",
+    )
+    step, value = re.fullmatch(r"@ step (\d+): (\S+)", label).groups()
+    assert 0 < int(step) <= LOGGED_STEPS
+    assert float(value) == pytest.approx(math.sin(int(step) / 1000), abs=0.01)
+
+
+def check_html_as_text(browser: Browser) -> None:
+    """Markup in messages, tool calls, the error and the row is shown as text, never parsed;
+    only a tool result starting with "Error:" is marked as a failure."""
+    shown = js(browser, "document.querySelector('#view-episode').textContent")
+    assert shown.count(HOSTILE) >= 6
+    parsed = "document.querySelectorAll('#view-episode img, #view-episode script').length"
+    assert js(browser, parsed) == 0
+    failed = js(
+        browser,
+        "[...document.querySelectorAll('#conversation .msg[data-role=\"tool\"]')]"
+        ".map(m => m.classList.contains('tool-error'))",
+    )
+    assert failed == [True, False]
+
+
+def check_pending_tokens(browser: Browser, gate: threading.Event, trajectory: Trajectory) -> None:
+    """While the tokenizer loads, the tokens show their ids and the page asks again; once it
+    has loaded, they are decoded without a reload."""
+    tokens = "document.querySelector('#tokens')"
+    assert js(browser, f"{tokens}.dataset.pending") == "1"
+    assert js(browser, f"{tokens}.querySelector('.tok').textContent").startswith("[")
+    assert "Loading the tokenizer" in js(
+        browser, "document.querySelector('#token-note').textContent"
+    )
+    gate.set()
+    browser.wait_for(f"{tokens}.dataset.pending === '0'", timeout=60)
+    tokenizer = tiny_tokenizer()
+    spans = js(
+        browser,
+        f"[...{tokens}.querySelectorAll('.tok')].map(s => ({{text: s.textContent,"
+        " mask: Number(s.dataset.mask), logprob: s.dataset.logprob,"
+        " background: getComputedStyle(s).backgroundColor}))",
+    )
+    assert [s["text"] for s in spans] == [tokenizer.decode([i]) for i in trajectory.completion_ids]
+    check_shading([s for s in spans if s["mask"] == 1], spread=1.0)

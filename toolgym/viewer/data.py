@@ -3,9 +3,11 @@
 A trajectories file (`samples.jsonl`, `eval-<stage>-<mode>.jsonl`, any `save_jsonl` output) is
 indexed once, line by line: the byte offset of each episode and a small summary (step, reward,
 status, turns, tool failures, environment metrics, and the lowercased text of its messages for
-search). Pages of summaries are filtered and sorted in memory; a full episode is read from its
-offset on demand. Files that grow while a run writes them are indexed incrementally; a
-malformed line is skipped and counted. Only the standard library is used here.
+search, at most its first `SEARCH_CHARS` characters). Pages of summaries are filtered and sorted
+in memory; a full episode is read from its offset on demand. Files that grow while a run writes
+them are indexed incrementally. A line that cannot be indexed, whatever the reason (not JSON,
+not a trajectory, fields of the wrong shape, nested too deeply, numbers out of range), is skipped
+and counted as malformed. Only the standard library is used here.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import json
 import math
 import re
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,17 +26,28 @@ METRICS_FILE = "metrics.jsonl"
 EVAL_FILE = re.compile(r"^eval-(?P<stage>.+)-(?P<mode>[^-]+)\.jsonl$")
 SORT_KEYS = ("index", "step", "reward", "turns", "tool_failures", "tokens")
 """The columns `/api/episodes` sorts by (prefix with `-` for descending)."""
+SEARCH_CHARS = 4000
+"""How much of each episode's text (messages, then error) the text search looks at."""
+ERROR_CHARS = 1000
+"""How much of an episode's error its table row keeps."""
+PROGRESS_SECONDS = 2.0
+"""How often a long indexing reports its progress (see `RunData(progress=...)`)."""
+
+Progress = Callable[[int], None]
+"""Called with the number of episodes indexed so far, while a long indexing runs."""
 
 
 def _finite(value: Any) -> float | None:
-    """`value` as a float, or None where it is not a finite number."""
+    """`value` as a float, or None where it is not a finite number (OverflowError for an
+    integer too large for a float: its line counts as malformed)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value) if math.isfinite(value) else None
 
 
 def _message_text(message: dict[str, Any]) -> str:
-    """The searchable text of one message: its content and its tool calls."""
+    """The searchable text of one message: its content and its tool calls (TypeError or
+    AttributeError where they have the wrong shape)."""
     parts = [str(message.get("content") or ""), str(message.get("reasoning_content") or "")]
     for call in message.get("tool_calls") or []:
         function = call.get("function", call) if isinstance(call, dict) else {}
@@ -40,10 +55,25 @@ def _message_text(message: dict[str, Any]) -> str:
     return "\n".join(part for part in parts if part)
 
 
+def search_text(data: dict[str, Any], limit: int = SEARCH_CHARS) -> str:
+    """The lowercased text the search looks at: the messages, then the error, at most `limit`
+    characters (the rest of a long episode is not read)."""
+    parts, size = [], 0
+    for message in [*data["messages"], {"content": data.get("error")}]:
+        if size >= limit:
+            break
+        if isinstance(message, dict):
+            text = _message_text(message)[: limit - size]
+            parts.append(text)
+            size += len(text) + 1
+    return "\n".join(parts)[:limit].lower()
+
+
 def summarize_episode(data: dict[str, Any], source: str, index: int) -> dict[str, Any]:
     """The table row of one trajectory dict (`Trajectory.to_dict()`)."""
     metrics = data.get("metrics") or {}
     env_metrics = data.get("env_metrics") or {}
+    error = data.get("error")
     return {
         "source": source,
         "index": index,
@@ -54,7 +84,7 @@ def summarize_episode(data: dict[str, Any], source: str, index: int) -> dict[str
         "tool_calls": _finite(metrics.get("tool_calls")),
         "tool_failures": _finite(metrics.get("tool_failures")),
         "tokens": len(data.get("completion_ids") or []),
-        "error": data.get("error"),
+        "error": None if error is None else str(error)[:ERROR_CHARS],
         "env_metrics": {k: v for k, v in env_metrics.items() if _finite(v) is not None},
     }
 
@@ -68,7 +98,7 @@ def is_trajectory(data: Any) -> bool:
     )
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entry:
     """One indexed episode: where its line lies in the file, its summary and search text."""
 
@@ -85,7 +115,8 @@ class EpisodeFile:
     Attributes:
         path: The file.
         name: How the viewer names it (the file name, relative to the run folder).
-        malformed: Lines skipped because they are not JSON or not a trajectory.
+        malformed: Lines skipped because they could not be indexed (not JSON, not a
+            trajectory, or fields of the wrong shape).
     """
 
     path: Path
@@ -97,9 +128,10 @@ class EpisodeFile:
     _fingerprint: bytes = b""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def refresh(self) -> None:
+    def refresh(self, progress: Progress | None = None) -> None:
         """Index what was appended since the last call (everything again if the file was
-        replaced, shrank, or was rewritten in place)."""
+        replaced, shrank, or was rewritten in place); `progress` hears how far a long
+        indexing got, every `PROGRESS_SECONDS`."""
         with self._lock:
             try:
                 stat = self.path.stat()
@@ -114,7 +146,7 @@ class EpisodeFile:
             ):
                 self._reset(identity)
             if stat.st_size > self._indexed_bytes:
-                self._index_from(self._indexed_bytes)
+                self._index_from(self._indexed_bytes, progress)
                 self._fingerprint = self._read_fingerprint()
 
     def _read_fingerprint(self) -> bytes:
@@ -127,34 +159,39 @@ class EpisodeFile:
             return head + file.read(min(end, 256))
 
     def _reset(self, identity: tuple[int, int]) -> None:
+        """Forget the index (the file is indexed again from its start)."""
         self._entries, self._indexed_bytes, self.malformed = [], 0, 0
         self._identity, self._fingerprint = identity, b""
 
-    def _index_from(self, start: int) -> None:
+    def _index_from(self, start: int, progress: Progress | None = None) -> None:
+        """Index the complete lines from byte `start` on; the indexed end moves with each line,
+        so a read error part way leaves a consistent index to go on from."""
+        next_report = time.monotonic() + PROGRESS_SECONDS
         with self.path.open("rb") as file:
             file.seek(start)
-            offset = start
             for line in file:
                 if not line.endswith(b"\n"):
                     break  # a line still being written: index it next time
-                self._add_line(line, offset)
-                offset += len(line)
-        self._indexed_bytes = offset
+                self._add_line(line, self._indexed_bytes)
+                self._indexed_bytes += len(line)
+                if progress is not None and time.monotonic() >= next_report:
+                    progress(len(self._entries))
+                    next_report = time.monotonic() + PROGRESS_SECONDS
 
     def _add_line(self, line: bytes, offset: int) -> None:
+        """Index one line, or count it as malformed if anything about it is wrong."""
         if not line.strip():
             return
         try:
             data = json.loads(line)
-        except ValueError:
-            data = None
-        if not is_trajectory(data):
+            if not is_trajectory(data):
+                raise ValueError("not a trajectory")
+            summary = summarize_episode(data, self.name, len(self._entries))
+            entry = _Entry(offset, len(line), summary, search_text(data))
+        except Exception:  # any line of any shape: skipped and counted, never fatal
             self.malformed += 1
             return
-        summary = summarize_episode(data, self.name, len(self._entries))
-        text = "\n".join(_message_text(m) for m in data["messages"] if isinstance(m, dict))
-        text += "\n" + str(data.get("error") or "")
-        self._entries.append(_Entry(offset, len(line), summary, text.lower()))
+        self._entries.append(entry)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -232,6 +269,7 @@ class EpisodeQuery:
 
 
 def _within(value: float | None, low: float | None, high: float | None) -> bool:
+    """Whether `value` lies in [low, high] (a missing bound: no limit that side)."""
     if low is None and high is None:
         return True
     if value is None:
@@ -239,12 +277,14 @@ def _within(value: float | None, low: float | None, high: float | None) -> bool:
     return (low is None or value >= low) and (high is None or value <= high)
 
 
-def _sort_key(name: str):
-    def key(entry: _Entry) -> tuple[bool, float]:
-        value = entry.summary[name]
-        return (value is None, value if value is not None else 0.0)
-
-    return key
+def sort_entries(entries: list[_Entry], sort: str) -> list[_Entry]:
+    """`entries` sorted by the summary column `sort` (`-name`: descending); episodes without
+    a value come last either way, and ties keep file order."""
+    name = sort.lstrip("-")
+    present = [entry for entry in entries if entry.summary[name] is not None]
+    missing = [entry for entry in entries if entry.summary[name] is None]
+    present.sort(key=lambda entry: entry.summary[name], reverse=sort.startswith("-"))
+    return present + missing
 
 
 class MetricsFile:
@@ -273,6 +313,7 @@ class MetricsFile:
 
 
 def _read_metrics(path: Path) -> tuple[list[dict[str, Any]], int]:
+    """The rows of a metrics file and how many lines were malformed."""
     rows, malformed = [], 0
     text = path.read_text(encoding="utf-8", errors="replace")
     lines = text.split("\n")
@@ -281,15 +322,29 @@ def _read_metrics(path: Path) -> tuple[list[dict[str, Any]], int]:
             continue
         try:
             row = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             # the last line may still be being written: not malformed (yet)
             malformed += position < len(lines) - 1
             continue
         if isinstance(row, dict):
-            rows.append(row)
+            rows.append(_plottable(row))
         else:
             malformed += 1
     return rows, malformed
+
+
+def _plottable(row: dict[str, Any]) -> dict[str, Any]:
+    """What the page can plot of one metrics row: its scalars and its dicts of scalars (lists
+    and deeper values are left out, so that no row is too deep to send)."""
+
+    def scalar(value: Any) -> bool:
+        return value is None or isinstance(value, (str, int, float))
+
+    return {
+        key: value if scalar(value) else {k: v for k, v in value.items() if scalar(v)}
+        for key, value in row.items()
+        if scalar(value) or isinstance(value, dict)
+    }
 
 
 def _source_order(name: str) -> tuple[int, str, str]:
@@ -309,12 +364,14 @@ class RunData:
     Args:
         path: A folder written by `GRPOTrainer` (metrics.jsonl, samples.jsonl, eval-*.jsonl),
             or one trajectories JSONL file.
+        progress: Called with the number of episodes indexed so far every `PROGRESS_SECONDS`
+            while an indexing takes that long (`toolgym view` prints it).
 
     Raises:
         FileNotFoundError: `path` does not exist.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, progress: Progress | None = None) -> None:
         self.path = Path(path).expanduser().resolve()
         if not self.path.exists():
             raise FileNotFoundError(f"no run folder or trajectories file at {path}")
@@ -322,6 +379,7 @@ class RunData:
         self.metrics = MetricsFile(self.path / METRICS_FILE) if self.is_run else None
         self._files: dict[str, EpisodeFile] = {}
         self._lock = threading.Lock()
+        self.progress = progress
         self.refresh()
 
     def refresh(self) -> None:
@@ -330,8 +388,15 @@ class RunData:
             with self._lock:
                 if name not in self._files:
                     self._files[name] = EpisodeFile(self._file_path(name), name)
+        done = 0
         for episode_file in self.files():
-            episode_file.refresh()
+            episode_file.refresh(self._progress_after(done))
+            done += len(episode_file)
+
+    def _progress_after(self, done: int) -> Progress | None:
+        """`self.progress` for a file indexed after `done` episodes of the earlier files."""
+        report = self.progress
+        return None if report is None else lambda count: report(done + count)
 
     def _discover(self) -> list[str]:
         if not self.is_run:
@@ -372,8 +437,7 @@ class RunData:
             statuses[entry.summary["status"]] = statuses.get(entry.summary["status"], 0) + 1
         kept = [entry for entry in entries if query.keeps(entry)]
         if query.sort != "index":
-            name = query.sort.lstrip("-")
-            kept.sort(key=_sort_key(name), reverse=query.sort.startswith("-"))
+            kept = sort_entries(kept, query.sort)
         page = kept[query.offset : query.offset + query.limit]
         return {
             "total": len(entries),

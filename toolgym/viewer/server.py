@@ -11,12 +11,20 @@ Routes (all GET):
   &limit=` one page of episode summaries and the counts (`total`, `matched`, `statuses`).
 - `/api/episode?source=NAME&index=I` one full episode, with its prompt and completion tokens
   decoded (`mask`, `logprob` per completion token).
-- `/api/compare?mode=greedy&row=I` row I of each evaluation stage of that mode, side by side.
+- `/api/compare?mode=greedy&row=I` row I of each evaluation stage of that mode, side by side
+  (paired by line number: a `warning` says when their dataset rows differ).
+
+Errors come back as JSON `{"error": message}`: 400 for a bad request, 404 for a missing file or
+episode, 500 for anything unexpected. A request whose `Host` header is not this server's own
+address (`127.0.0.1:<port>` or `localhost:<port>`) gets 403, so a web page that rebinds its
+DNS name to 127.0.0.1 cannot read the run; every response forbids other origins' scripts,
+styles and frames (`Content-Security-Policy`) and content sniffing.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import threading
 from http import HTTPStatus
@@ -36,6 +44,15 @@ CONTENT_TYPES = {
     ".svg": "image/svg+xml",
 }
 TOKEN_FIELDS = ("prompt_ids", "completion_ids", "loss_mask", "logprobs")
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+"""Sent with every response: only this server's own scripts and styles run on the page."""
+
+logger = logging.getLogger(__name__)
 
 
 def json_safe(value: Any) -> Any:
@@ -47,6 +64,11 @@ def json_safe(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [json_safe(item) for item in value]
     return value
+
+
+def _list(value: Any) -> list[Any]:
+    """`value` if it is a list, else an empty one (a token field of the wrong shape)."""
+    return value if isinstance(value, list) else []
 
 
 class RequestError(Exception):
@@ -69,9 +91,13 @@ class ViewerApp:
     def __init__(self, data: RunData, decoder: TokenDecoder) -> None:
         self.data = data
         self.decoder = decoder
+        self.refresh_error: str | None = None
 
     def answer(self, route: str, params: dict[str, str]) -> dict[str, Any]:
-        """The JSON answer of `/api/<route>` (RequestError for a bad request)."""
+        """The JSON answer of `/api/<route>` (RequestError for a bad request).
+
+        The run is re-read first; if that fails, the answer comes from what was indexed before
+        and `/api/summary` carries the failure as `refresh_error`."""
         handlers = {
             "summary": self.summary,
             "metrics": self.metrics,
@@ -81,7 +107,7 @@ class ViewerApp:
         }
         if route not in handlers:
             raise RequestError(f"no API route {route!r}", HTTPStatus.NOT_FOUND)
-        self.data.refresh()
+        self._refresh()
         try:
             return handlers[route](params)
         except (KeyError, IndexError) as error:
@@ -89,10 +115,22 @@ class ViewerApp:
         except ValueError as error:
             raise RequestError(str(error)) from error
 
+    def _refresh(self) -> None:
+        """Re-read the run; a failure is logged and kept in `refresh_error`, not raised."""
+        try:
+            self.data.refresh()
+        except Exception as error:  # a read that fails now may work on the next request
+            if self.refresh_error is None:
+                logger.exception("the viewer could not re-read %s", self.data.path)
+            self.refresh_error = f"could not re-read the run: {type(error).__name__}: {error}"
+        else:
+            self.refresh_error = None
+
     def summary(self, params: dict[str, str]) -> dict[str, Any]:
         """`/api/summary`."""
         described = self.data.describe()
         described["tokenizer"] = self.decoder.describe()
+        described["refresh_error"] = self.refresh_error
         return described
 
     def metrics(self, params: dict[str, str]) -> dict[str, Any]:
@@ -114,16 +152,17 @@ class ViewerApp:
         episode_file = self.data.file(params.get("source", ""))
         index = int(params.get("index", ""))
         data = episode_file.read(index)
+        tokenizer = self.decoder.describe()  # before decoding: "pending" errs towards a re-fetch
         return {
             "summary": episode_file.summary(index),
             "episode": {k: v for k, v in data.items() if k not in TOKEN_FIELDS},
-            "prompt_tokens": self.decoder.tokens(data.get("prompt_ids") or []),
+            "prompt_tokens": self.decoder.tokens(_list(data.get("prompt_ids"))),
             "completion_tokens": self.decoder.tokens(
-                data.get("completion_ids") or [],
-                data.get("loss_mask") or [],
-                data.get("logprobs") or [],
+                _list(data.get("completion_ids")),
+                _list(data.get("loss_mask")),
+                _list(data.get("logprobs")),
             ),
-            "tokenizer": self.decoder.describe(),
+            "tokenizer": tokenizer,
         }
 
     def compare(self, params: dict[str, str]) -> dict[str, Any]:
@@ -135,9 +174,22 @@ class ViewerApp:
         row = int(params.get("row") or 0)
         files = [self.data.file(name) for name in modes[mode]]
         sides = [self._side(f.name, f, row) for f in files]
-        return {"mode": mode, "row": row, "rows": max(len(f) for f in files), "sides": sides}
+        answer = {"mode": mode, "row": row, "rows": max(len(f) for f in files), "sides": sides}
+        rows = {
+            json.dumps(side["episode"].get("row"), sort_keys=True, default=str)
+            for side in sides
+            if "episode" in side
+        }
+        if len(rows) > 1:
+            answer["warning"] = (
+                f"the sides' dataset rows differ: the files are paired by line number, so line"
+                f" {row} of each may be a different task (were they evaluated on the same"
+                f" dataset, in the same order?)"
+            )
+        return answer
 
     def _side(self, name: str, episode_file: Any, row: int) -> dict[str, Any]:
+        """One stage's episode on line `row` (no `episode` where the file is shorter)."""
         match = EVAL_FILE.match(name)
         side: dict[str, Any] = {"source": name, "stage": match["stage"] if match else name}
         if 0 <= row < len(episode_file):
@@ -155,24 +207,43 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         """Answer one GET request."""
         url = urlsplit(self.path)
-        if url.path.startswith("/api/"):
+        if not self._host_allowed():
+            self._send(HTTPStatus.FORBIDDEN, b"forbidden: unknown Host header", "text/plain")
+        elif url.path.startswith("/api/"):
             self._api(url.path.removeprefix("/api/"), dict(parse_qsl(url.query)))
         elif url.path in ("/", "/index.html"):
             self._static("index.html")
         elif url.path.startswith("/static/"):
             self._static(url.path.removeprefix("/static/"))
+        elif url.path == "/favicon.ico":
+            self._send(HTTPStatus.NO_CONTENT, b"", "text/plain")
         else:
             self._send(HTTPStatus.NOT_FOUND, b"not found", "text/plain")
 
+    def _host_allowed(self) -> bool:
+        """Whether the Host header names this server (127.0.0.1, localhost or the bound
+        address, with its port): a DNS-rebound name does not."""
+        host, port = self.server.server_address[:2]
+        allowed = {f"{name}:{port}" for name in ("127.0.0.1", "localhost", "[::1]", host)}
+        return (self.headers.get("Host") or "").strip().lower() in allowed
+
     def _api(self, route: str, params: dict[str, str]) -> None:
+        """Answer `/api/<route>` as JSON, errors included (500 for an unexpected one)."""
         try:
             answer, status = self.server.app.answer(route, params), HTTPStatus.OK
-        except RequestError as error:
-            answer, status = {"error": str(error)}, error.status
-        body = json.dumps(json_safe(answer), allow_nan=False, default=str).encode()
+            body = json.dumps(json_safe(answer), allow_nan=False, default=str).encode()
+        except Exception as error:
+            if isinstance(error, RequestError):
+                message, status = str(error), error.status
+            else:
+                logger.exception("the viewer failed to answer /api/%s", route)
+                message = f"internal error in /api/{route}: {type(error).__name__}: {error}"
+                status = HTTPStatus.INTERNAL_SERVER_ERROR
+            body = json.dumps({"error": message}).encode()
         self._send(status, body, "application/json")
 
     def _static(self, name: str) -> None:
+        """Send one file of `static/` (404 for anything else)."""
         path = (STATIC / name).resolve()
         if path.parent != STATIC or not path.is_file():
             self._send(HTTPStatus.NOT_FOUND, b"not found", "text/plain")
@@ -181,10 +252,12 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(HTTPStatus.OK, path.read_bytes(), content_type)
 
     def _send(self, status: HTTPStatus, body: bytes, content_type: str) -> None:
+        """Send one response, with the `SECURITY_HEADERS`."""
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
+        for name, value in SECURITY_HEADERS.items():
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(body)
 

@@ -2,8 +2,12 @@
 
 The tokenizer is found next to the run (`engine-weights/`, else the newest `checkpoint-*/`,
 else the folder itself) or given explicitly, and loaded in the background with
-`transformers.AutoTokenizer` (importing transformers takes seconds). Without one, tokens are
-shown as their ids and the page says why.
+`transformers.AutoTokenizer` (importing transformers takes seconds). Nothing waits for it:
+until it is loaded, tokens come back as ids only with `pending` true in `describe()`, and the
+page asks again a moment later. Without one, tokens are shown as their ids and the page says
+why. Each token carries its decoded `text` and its raw vocabulary string (`token`, from
+`convert_ids_to_tokens`), which shows the bytes of a byte-level piece that decodes to U+FFFD
+on its own.
 """
 
 from __future__ import annotations
@@ -32,8 +36,19 @@ def find_tokenizer(run_path: Path) -> Path | None:
     return None
 
 
+def _finite(value: Any) -> float | None:
+    """`value` if it is a finite number, else None (huge integers included)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return value if math.isfinite(value) else None
+    except OverflowError:
+        return None
+
+
 class TokenDecoder:
-    """Decodes single token ids, each once (cached), with a tokenizer loaded in a thread.
+    """Decodes single token ids, each once (cached), with a tokenizer loaded in a thread;
+    never waits for it (see the module docstring).
 
     Args:
         run_path: Where to look for the tokenizer when `tokenizer` is None.
@@ -44,7 +59,7 @@ class TokenDecoder:
         self.source = tokenizer or (str(p) if (p := find_tokenizer(run_path)) else None)
         self.error: str | None = None if self.source else "no tokenizer found next to the run"
         self._tokenizer: Any = None
-        self._cache: dict[int, str] = {}
+        self._cache: dict[Any, tuple[str | None, str | None]] = {}
         self._loaded = threading.Event()
         if self.source:
             threading.Thread(target=self._load, name="viewer-tokenizer", daemon=True).start()
@@ -52,6 +67,7 @@ class TokenDecoder:
             self._loaded.set()
 
     def _load(self) -> None:
+        """Load the tokenizer (in the background thread); a failure is kept in `error`."""
         try:
             from transformers import AutoTokenizer
 
@@ -62,9 +78,10 @@ class TokenDecoder:
             self._loaded.set()
 
     def ready(self, timeout: float | None = 60.0) -> bool:
-        """Wait for the tokenizer to load; whether one is usable."""
+        """Wait up to `timeout` seconds for the tokenizer to load (0: do not wait); whether
+        one is usable."""
         self._loaded.wait(timeout)
-        return self._tokenizer is not None
+        return self._loaded.is_set() and self._tokenizer is not None
 
     def describe(self) -> dict[str, Any]:
         """What the page shows about the tokenizer."""
@@ -76,25 +93,42 @@ class TokenDecoder:
         }
 
     def decode(self, token_id: int) -> str | None:
-        """The text of one token, or None without a tokenizer."""
-        if not self.ready():
-            return None
-        if token_id not in self._cache:
-            self._cache[token_id] = self._tokenizer.decode([token_id], skip_special_tokens=False)
-        return self._cache[token_id]
+        """The text of one token, or None while no tokenizer is loaded (never waits)."""
+        return self.lookup(token_id)[0]
+
+    def lookup(self, token_id: Any) -> tuple[str | None, str | None]:
+        """`(text, raw token string)` of one id; `(None, None)` while no tokenizer is loaded
+        (never waits), or where the tokenizer cannot decode the id."""
+        if not self.ready(timeout=0):
+            return None, None
+        try:
+            return self._cache[token_id]
+        except KeyError:
+            pass
+        except TypeError:  # not hashable: not a token id
+            return None, None
+        try:
+            text = self._tokenizer.decode([token_id], skip_special_tokens=False)
+            raw = self._tokenizer.convert_ids_to_tokens(token_id)
+            found = (str(text), None if raw is None else str(raw))
+        except Exception:  # an id outside the vocabulary, or not an int
+            found = (None, None)
+        self._cache[token_id] = found
+        return found
 
     def tokens(
         self, ids: list[int], mask: list[int] | None = None, logprobs: list[float] | None = None
     ) -> list[dict[str, Any]]:
-        """One dict per token: `id`, `text` (None without a tokenizer), and for completion
-        tokens `mask` and `logprob` (a finite number, or None)."""
+        """One dict per token: `id`, `text` and the raw `token` string (None without a
+        tokenizer, or while it loads), and for completion tokens `mask` and `logprob` (a finite
+        number, or None)."""
         rows = []
         for position, token_id in enumerate(ids):
-            row: dict[str, Any] = {"id": token_id, "text": self.decode(token_id)}
+            text, raw = self.lookup(token_id)
+            row: dict[str, Any] = {"id": token_id, "text": text, "token": raw}
             if mask is not None:
                 row["mask"] = mask[position] if position < len(mask) else 0
                 logprob = logprobs[position] if logprobs and position < len(logprobs) else None
-                finite = isinstance(logprob, (int, float)) and math.isfinite(logprob)
-                row["logprob"] = logprob if finite else None
+                row["logprob"] = _finite(logprob)
             rows.append(row)
         return rows

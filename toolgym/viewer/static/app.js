@@ -7,15 +7,22 @@
 // Once the first view has rendered, document.body.dataset.ready is "1" and
 // window.toolgymLoadMs holds performance.now() at that moment; every render sets
 // document.body.dataset.rendered to the view's key (e.g. "episode=samples.jsonl:3").
+// The page runs under the server's Content-Security-Policy (default-src 'self'): no inline
+// scripts, handlers or style attributes here or in index.html (styles set through .style only).
 "use strict";
 
 const POLL_MS = 3000;
+const TOKEN_RETRY_MS = 1500; // while the tokenizer loads, the episode is asked for again
+const MAX_DRAWN = 1500; // points drawn per series; longer series are thinned
+const MAX_DOTS = 300; // a series up to this long gets a dot (with a tooltip) per point; a longer
+// one is a line only, and hovering the chart shows the point nearest the pointer
 const state = {
   summary: null,
   metricsVersion: "",
   metricsRows: [],
   table: { offset: 0, total: null },
   polling: false,
+  tokenTimer: null,
 };
 const $ = (selector, root = document) => root.querySelector(selector);
 
@@ -37,6 +44,7 @@ function el(tag, attrs = {}, children = []) {
     if (value === null || value === undefined) continue;
     if (key === "text") node.textContent = value;
     else if (key === "class") node.className = value;
+    else if (key === "style") node.style.cssText = value; // CSSOM: allowed by the CSP
     else if (key === "dataset") Object.assign(node.dataset, value);
     else node.setAttribute(key, value);
   }
@@ -84,7 +92,12 @@ function markRendered(key) {
 
 // -- routing ------------------------------------------------------------------------------------
 function parseHash() {
-  const hash = decodeURIComponent(location.hash.replace(/^#/, ""));
+  let hash;
+  try {
+    hash = decodeURIComponent(location.hash.replace(/^#/, ""));
+  } catch {
+    return { view: "overview" }; // a malformed %-escape: show the run
+  }
   const [name, value = ""] = hash.split(/=(.*)/s);
   const cut = value.lastIndexOf(":");
   const left = cut >= 0 ? value.slice(0, cut) : value;
@@ -99,7 +112,12 @@ function episodeHash(source, index) {
 }
 
 async function route() {
-  const target = parseHash();
+  let target = { view: "overview" };
+  try {
+    target = parseHash();
+  } catch {
+    // keep the run view
+  }
   for (const view of document.querySelectorAll(".view")) {
     view.hidden = view.id !== `view-${target.view}`;
   }
@@ -133,6 +151,7 @@ function renderNotices(summary) {
     }
   }
   if (state.metricsMalformed) notes.push(`metrics.jsonl: ${state.metricsMalformed} malformed line(s) skipped`);
+  if (summary.refresh_error) notes.push(`${summary.refresh_error} (showing what was read before)`);
   const tokenizer = summary.tokenizer;
   if (!tokenizer.source || tokenizer.error) {
     notes.push(`No tokenizer: the token view shows token ids only (${tokenizer.error || "none found"}; pass --tokenizer PATH).`);
@@ -191,14 +210,14 @@ function metricSeries(rows) {
   // key -> [{name, points: [[step, value]]}]: numbers give one series, dicts one per entry
   const charts = new Map();
   rows.forEach((row, position) => {
-    const step = typeof row.step === "number" ? row.step : position + 1;
+    const step = Number.isFinite(row.step) ? row.step : position + 1;
     for (const [key, value] of Object.entries(row)) {
       if (key === "step") continue;
       if (typeof value === "number" && Number.isFinite(value)) {
         addPoint(charts, key, key, step, value);
       } else if (value && typeof value === "object" && !Array.isArray(value)) {
         for (const [name, count] of Object.entries(value)) {
-          if (typeof count === "number") addPoint(charts, key, name, step, count);
+          if (Number.isFinite(count)) addPoint(charts, key, name, step, count);
         }
       }
     }
@@ -218,7 +237,7 @@ function addPoint(charts, key, name, step, value) {
 }
 
 function fillZeros(rows, key, series) {
-  const steps = rows.map((row, i) => [row, typeof row.step === "number" ? row.step : i + 1])
+  const steps = rows.map((row, i) => [row, Number.isFinite(row.step) ? row.step : i + 1])
     .filter(([row]) => row[key] && typeof row[key] === "object").map(([, step]) => step);
   for (const [name, points] of series) {
     const have = new Map(points);
@@ -240,7 +259,7 @@ function renderCurves(rows) {
   const sections = groups.filter(([, members]) => members.length).map(([title, members]) =>
     el("div", { class: "curve-group", dataset: { group: title } }, [
       el("h3", { text: title }),
-      el("div", { class: "charts" }, members.map((key) => chart(key, charts.get(key)))),
+      el("div", { class: "charts" }, members.map((key) => safeChart(key, charts.get(key)))),
     ]));
   const last = rows.length ? rows[rows.length - 1].step : null;
   $("#curves-info").textContent = rows.length
@@ -249,21 +268,37 @@ function renderCurves(rows) {
   $("#curve-groups").replaceChildren(...sections);
 }
 
+function safeChart(key, seriesMap) {
+  // one chart that cannot be drawn says so, and the others are still drawn
+  try {
+    return chart(key, seriesMap);
+  } catch (error) {
+    return el("figure", { class: "chart chart-error", dataset: { key, error: "1" } }, [
+      el("figcaption", {}, el("span", { text: key })),
+      el("p", { class: "error-text", text: `cannot draw this curve: ${error.message || error}` }),
+    ]);
+  }
+}
+
 function chart(key, seriesMap) {
-  const width = 300, height = 130, left = 50, right = 8, top = 6, bottom = 18;
+  const box = { width: 300, height: 130, left: 50, right: 8, top: 6, bottom: 18 };
   const series = [...seriesMap.entries()].map(([name, points], i) => ({
-    name, points, colour: STATUS_COLOURS[name] || PALETTE[i % PALETTE.length],
+    name, points, drawn: thinned(points), colour: STATUS_COLOURS[name] || PALETTE[i % PALETTE.length],
   }));
-  const all = series.flatMap((s) => s.points);
-  const [x0, x1] = padded(all.map((p) => p[0]));
-  const [y0, y1] = padded(all.map((p) => p[1]));
-  const sx = (x) => left + ((x - x0) / (x1 - x0)) * (width - left - right);
-  const sy = (y) => top + (1 - (y - y0) / (y1 - y0)) * (height - top - bottom);
-  const parts = axes(x0, x1, y0, y1, sx, sy, width, height, left, bottom);
-  const radius = all.length > 600 ? 1.2 : 2.4;
+  const [x0, x1] = padded(series.map((s) => s.points), 0);
+  const [y0, y1] = padded(series.map((s) => s.points), 1);
+  const sx = (x) => box.left + ((x - x0) / (x1 - x0)) * (box.width - box.left - box.right);
+  const sy = (y) => box.top + (1 - (y - y0) / (y1 - y0)) * (box.height - box.top - box.bottom);
+  const parts = axes(x0, x1, y0, y1, sx, sy, box.width, box.height, box.left, box.bottom);
+  const count = series.reduce((n, s) => n + s.points.length, 0);
+  const radius = count > 600 ? 1.2 : 2.4;
   for (const s of series) {
-    const path = s.points.map(([x, y]) => `${sx(x).toFixed(1)},${sy(y).toFixed(1)}`).join(" ");
-    parts.push(svg("polyline", { class: "line", points: path, stroke: s.colour }));
+    const path = s.drawn.map(([x, y]) => `${sx(x).toFixed(1)},${sy(y).toFixed(1)}`).join(" ");
+    parts.push(svg("polyline", {
+      class: "line", points: path, stroke: s.colour,
+      "data-series": s.name, "data-points": s.points.length, "data-drawn": s.drawn.length,
+    }));
+    if (s.points.length > MAX_DOTS) continue; // hovering finds the nearest point instead
     for (const [x, y] of s.points) {
       parts.push(svg("circle", {
         class: "pt", cx: sx(x).toFixed(1), cy: sy(y).toFixed(1), r: radius, fill: s.colour,
@@ -271,19 +306,79 @@ function chart(key, seriesMap) {
       }, [svg("title", {}, [document.createTextNode(`${s.name} @ step ${fmt(x)}: ${fmt(y)}`)])]));
     }
   }
-  const lastValue = series.length === 1 && all.length ? fmt(all[all.length - 1][1]) : "";
+  const lastPoints = series.length === 1 ? series[0].points : [];
+  const lastValue = lastPoints.length ? fmt(lastPoints[lastPoints.length - 1][1]) : "";
   const caption = el("figcaption", {}, [el("span", { text: key }), el("span", { class: "last", text: lastValue })]);
   const legend = series.length > 1
     ? el("div", { class: "series-legend" }, series.map((s) =>
       el("span", {}, [el("i", { style: `background:${s.colour}` }), s.name])))
     : null;
-  const graphic = svg("svg", { width, height, viewBox: `0 0 ${width} ${height}`, role: "img" }, parts);
-  return el("figure", { class: "chart", dataset: { key, points: all.length } }, [caption, graphic, legend]);
+  const graphic = svg("svg", { width: box.width, height: box.height, viewBox: `0 0 ${box.width} ${box.height}`, role: "img" }, parts);
+  const thin = series.some((s) => s.drawn.length < s.points.length);
+  if (series.some((s) => s.points.length > MAX_DOTS)) hoverNearest(graphic, series, { sx, sy, x0, x1, box });
+  return el("figure", { class: "chart", dataset: { key, points: count, thinned: thin ? "1" : "0" } }, [caption, graphic, legend]);
 }
 
-function padded(values) {
-  if (!values.length) return [0, 1];
-  let low = Math.min(...values), high = Math.max(...values);
+function thinned(points, most = MAX_DRAWN) {
+  // at most `most` points: the first, the last and evenly spaced ones between
+  if (points.length <= most) return points;
+  const stride = (points.length - 1) / (most - 1);
+  const kept = [];
+  for (let i = 0; i < most; i++) kept.push(points[Math.round(i * stride)]);
+  return kept;
+}
+
+function hoverNearest(graphic, series, { sx, sy, x0, x1, box }) {
+  // long series have no dot per point: a marker and a label follow the pointer instead
+  const marker = svg("circle", { class: "hover-pt", r: 3, visibility: "hidden" });
+  const label = svg("text", { class: "hover-label", x: box.width - box.right, y: box.top + 9, "text-anchor": "end" });
+  graphic.append(marker, label);
+  graphic.addEventListener("mousemove", (event) => {
+    const bounds = graphic.getBoundingClientRect();
+    const px = ((event.clientX - bounds.left) / bounds.width) * box.width;
+    const py = ((event.clientY - bounds.top) / bounds.height) * box.height;
+    const step = x0 + ((px - box.left) / (box.width - box.left - box.right)) * (x1 - x0);
+    let best = null;
+    for (const s of series) {
+      const point = nearestByStep(s.points, step);
+      const distance = point && Math.abs(sy(point[1]) - py);
+      if (point && (!best || distance < best.distance)) best = { s, point, distance };
+    }
+    if (!best) return;
+    const [x, y] = best.point;
+    Object.entries({ cx: sx(x), cy: sy(y), fill: best.s.colour, visibility: "visible" })
+      .forEach(([name, value]) => marker.setAttribute(name, value));
+    label.textContent = `${series.length > 1 ? `${best.s.name} ` : ""}@ step ${fmt(x)}: ${fmt(y)}`;
+  });
+  graphic.addEventListener("mouseleave", () => {
+    marker.setAttribute("visibility", "hidden");
+    label.textContent = "";
+  });
+}
+
+function nearestByStep(points, step) {
+  // binary search over points in step order (as metrics.jsonl logs them)
+  if (!points.length) return null;
+  let low = 0, high = points.length - 1;
+  while (high - low > 1) {
+    const middle = (low + high) >> 1;
+    if (points[middle][0] < step) low = middle; else high = middle;
+  }
+  return Math.abs(points[low][0] - step) <= Math.abs(points[high][0] - step) ? points[low] : points[high];
+}
+
+function padded(pointLists, axis) {
+  // [low, high] of coordinate `axis` over every point, padded when flat (a loop: spreading
+  // hundreds of thousands of values into Math.min would overflow the call stack)
+  let low = Infinity, high = -Infinity;
+  for (const points of pointLists) {
+    for (const point of points) {
+      const value = point[axis];
+      if (value < low) low = value;
+      if (value > high) high = value;
+    }
+  }
+  if (low > high) return [0, 1];
   if (low === high) {
     const pad = Math.abs(low) * 0.1 || 1;
     low -= pad; high += pad;
@@ -381,6 +476,7 @@ function wireFilters() {
     state.table.offset = 0;
     loadTable().catch((error) => showError(String(error.message || error)));
   };
+  $("#filters").addEventListener("submit", (event) => event.preventDefault()); // Enter: no reload
   for (const id of ["#f-source", "#f-status", "#f-sort", "#f-limit"]) $(id).addEventListener("change", reload);
   for (const id of ["#f-q", "#f-step-min", "#f-step-max", "#f-reward-min", "#f-reward-max"]) {
     $(id).addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(reload, 250); });
@@ -412,6 +508,26 @@ async function renderEpisode(source, index) {
   $("#conversation").replaceChildren(...conversation(episode.messages || []));
   renderTokens(answer, episode);
   markRendered(`episode=${source}:${index}`);
+  retryTokens(source, index, answer.tokenizer.pending);
+}
+
+function retryTokens(source, index, pending) {
+  // while the tokenizer loads, tokens come back as ids: ask again until they are decoded
+  clearTimeout(state.tokenTimer);
+  $("#tokens").dataset.pending = pending ? "1" : "0";
+  if (!pending) return;
+  const key = `episode=${source}:${index}`;
+  state.tokenTimer = setTimeout(async () => {
+    if (document.body.dataset.rendered !== key) return; // the page moved on
+    try {
+      const answer = await api("episode", { source, index });
+      if (document.body.dataset.rendered !== key) return;
+      renderTokens(answer, answer.episode);
+      retryTokens(source, index, answer.tokenizer.pending);
+    } catch (error) {
+      showError(String(error.message || error));
+    }
+  }, TOKEN_RETRY_MS);
 }
 
 function facts(summary, episode) {
@@ -450,7 +566,7 @@ function conversation(messages) {
     const content = String(message.content ?? "");
     const classes = [`msg`, `role-${message.role}`];
     if (final) classes.push("final");
-    if (message.role === "tool" && content.startsWith("Error")) classes.push("tool-error");
+    if (message.role === "tool" && content.startsWith("Error:")) classes.push("tool-error"); // as toolgym words a failed call
     const label = final ? "assistant · final answer" : message.role + (message.name ? ` · ${message.name}` : "");
     const parts = [el("div", { class: "role", text: label })];
     if (message.reasoning_content) {
@@ -494,19 +610,29 @@ function renderTokens(answer, episode) {
   $("#token-stats").textContent = `${tokens.length} completion tokens: ${sampled.length} sampled, `
     + `${tokens.length - sampled.length} observation; mean logprob of sampled ${fmt(mean)}`;
   const notes = [];
-  if (!answer.tokenizer.loaded) notes.push(`No tokenizer (${answer.tokenizer.error || "none found"}): tokens show their ids.`);
+  if (answer.tokenizer.pending) notes.push("Loading the tokenizer: tokens show their ids until it is ready.");
+  else if (!answer.tokenizer.loaded) notes.push(`No tokenizer (${answer.tokenizer.error || "none found"}): tokens show their ids.`);
   if ((episode.turns || []).length) notes.push("This episode was trained one sample per turn; these are its last turn's tokens.");
   $("#token-note").textContent = notes.join(" ");
 }
 
+function shade(logprob) {
+  // sampled tokens: lightness 82% at logprob 0 down to 48% at logprob -8 or lower
+  const scale = logprob === null ? 1 : Math.min(1, Math.max(0, 1 + logprob / 8));
+  return `hsl(212 90% ${(48 + 34 * scale).toFixed(1)}%)`;
+}
+
 function tokenSpan(token, position, isPrompt = false) {
-  const text = token.text === null ? `[${token.id}]` : token.text;
+  const text = token.text === null || token.text === undefined ? `[${token.id}]` : token.text;
   const span = el("span", { text });
   span.dataset.id = token.id;
   span.dataset.pos = position;
+  // the raw vocabulary string shows the bytes of a piece that decodes to U+FFFD on its own
+  const raw = token.token === null || token.token === undefined ? "" : ` (raw ${JSON.stringify(token.token)})`;
+  const described = `id ${token.id} ${JSON.stringify(text)}${raw}`;
   if (isPrompt) {
     span.className = "tok prompt";
-    span.title = `prompt token ${position}: id ${token.id} ${JSON.stringify(text)}`;
+    span.title = `prompt token ${position}: ${described}`;
   } else {
     const sampled = token.mask === 1;
     const logprob = token.logprob;
@@ -515,12 +641,12 @@ function tokenSpan(token, position, isPrompt = false) {
     span.dataset.mask = sampled ? "1" : "0";
     span.dataset.logprob = logprob === null ? "" : String(logprob);
     if (sampled) {
-      span.style.background = `hsl(212 90% ${(50 + 30 * probability).toFixed(1)}%)`;
+      span.style.background = shade(logprob);
       if (probability < 0.1) span.classList.add("surprising");
     }
     span.title = sampled
-      ? `sampled token ${position}: id ${token.id} ${JSON.stringify(text)}\nlogprob ${fmt(logprob)} (p ${probability.toFixed(3)})`
-      : `observation token ${position}: id ${token.id} ${JSON.stringify(text)} (not trained on)`;
+      ? `sampled token ${position}: ${described}\nlogprob ${fmt(logprob)} (p ${probability.toFixed(3)})`
+      : `observation token ${position}: ${described} (not trained on)`;
   }
   if (text.includes("\n")) span.classList.add("nl");
   return span;
@@ -539,6 +665,8 @@ async function renderCompare(mode, row) {
   $("#c-row").max = Math.max(0, answer.rows - 1);
   $("#c-info").textContent = `row ${answer.row} of 0–${answer.rows - 1}`;
   const withRow = answer.sides.find((s) => s.episode);
+  $("#compare-warning").hidden = !answer.warning;
+  $("#compare-warning").textContent = answer.warning || "";
   $("#compare-row").textContent = withRow ? compactJson(withRow.episode.row || {}) : "";
   $("#compare-sides").replaceChildren(...answer.sides.map((side) => compareSide(side, answer.row)));
   markRendered(`compare=${answer.mode}:${answer.row}`);

@@ -524,8 +524,11 @@ class Episode:
     async def _read_outcome(self, trajectory: Trajectory) -> None:
         """The environment's reward and episode metrics into `trajectory`, each off the event
         loop under the tool timeout; a failure or a hang is an `env_error` / `tool_timeout`
-        with reward 0 that names the call."""
+        with reward 0 that names the call. An episode that already failed (its sandbox may be
+        gone) gets no metrics."""
         read_metrics = getattr(self.env, "episode_metrics", None)
+        if trajectory.failed:  # the environment may be gone: keep the failure that ended it
+            read_metrics = None
         what = "get_reward"
         try:
             reward = float(await self._read(self.env.get_reward))

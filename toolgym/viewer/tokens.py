@@ -1,13 +1,13 @@
 """Token ids to text for the viewer's token view, with the run's own tokenizer.
 
 The tokenizer is found next to the run (`engine-weights/`, else the newest `checkpoint-*/`,
-else the folder itself) or given explicitly, and loaded in the background with
-`transformers.AutoTokenizer` (importing transformers takes seconds). Nothing waits for it:
-until it is loaded, tokens come back as ids only with `pending` true in `describe()`, and the
-page asks again a moment later. Without one, tokens are shown as their ids and the page says
-why. Each token carries its decoded `text` and its raw vocabulary string (`token`, from
-`convert_ids_to_tokens`), which shows the bytes of a byte-level piece that decodes to U+FFFD
-on its own.
+else the folder itself) or given explicitly (a folder, a hub id or `smollm2-135m`, as for
+`--model`), and loaded in the background with `toolgym.agents.models.load_tokenizer`
+(importing transformers takes seconds). Nothing waits for it: until it is loaded, tokens
+come back as ids only with `pending` true in `describe()`, and the page asks again a moment
+later. Without one, tokens are shown as their ids and the page says why. Each token carries
+its decoded `text` and its raw vocabulary string (`token`, from `convert_ids_to_tokens`),
+which shows the bytes of a byte-level piece that decodes to U+FFFD on its own.
 """
 
 from __future__ import annotations
@@ -69,9 +69,9 @@ class TokenDecoder:
     def _load(self) -> None:
         """Load the tokenizer (in the background thread); a failure is kept in `error`."""
         try:
-            from transformers import AutoTokenizer
+            from toolgym.agents.models import load_tokenizer  # folder, hub id or smollm2-135m
 
-            self._tokenizer = AutoTokenizer.from_pretrained(self.source)
+            self._tokenizer = load_tokenizer(self.source)
         except Exception as error:  # any failure: show ids only, and say why
             self.error = f"could not load the tokenizer from {self.source}: {error}"
         finally:

@@ -36,6 +36,13 @@ below it); the channel is closed."""
 class SandboxError(RuntimeError):
     """The sandbox failed: the worker could not start, died, or broke the protocol."""
 
+    model_caused: bool = False
+    """Whether the model's own call caused it: the worker died, broke the protocol or ran out
+    of time while it ran a tool call the model made (its code exhausted memory, killed or
+    crippled the worker, or slept past the limit). Such an episode is the model's outcome and
+    stays in the loss; other sandbox failures (a worker that never started) are the
+    infrastructure's."""
+
 
 class SandboxTimeout(SandboxError, TimeoutError):
     """A request ran past its timeout; the worker was killed."""
@@ -241,7 +248,14 @@ class RemoteExecutor(Executor):
         return self.request("reset", row=row)
 
     def run(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
-        value = self.request("call", name=call.name, arguments=arguments)
+        lived = self.channel is not None and self.channel.alive and not self.revoked
+        try:
+            value = self.request("call", name=call.name, arguments=arguments)
+        except RemoteError:
+            raise  # the environment's own code raised: not the model's doing
+        except SandboxError as error:
+            error.model_caused = lived  # a worker that lived up to the model's call
+            raise
         return ToolResult(call, value["content"], value["failure"])
 
     async def arun(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:

@@ -27,6 +27,27 @@ if [ ${#missing[@]} -gt 0 ]; then
     fi
 fi
 
+# A root host runs process-backend workers as this unprivileged account (never as root mapped
+# into a namespace): it must be able to enter the folders of the interpreter, the virtual
+# environment and the project. Only traversal (o+x) is granted, never listing or reading.
+if [ "$(id -u)" = 0 ]; then
+    if ! id toolgym-sandbox >/dev/null 2>&1 && command -v useradd >/dev/null; then
+        useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin \
+            toolgym-sandbox && say "created the account toolgym-sandbox for the workers"
+    fi
+    "$PY" - <<'PYTHON'
+import os, stat, sys
+from pathlib import Path
+places = {Path(sys.executable).resolve(), Path(sys.prefix), Path(sys.base_prefix), Path.cwd()}
+for place in places:
+    for folder in reversed(place.resolve().parents):
+        mode = folder.stat().st_mode
+        if not mode & stat.S_IXOTH:
+            folder.chmod(mode | stat.S_IXOTH)
+            print(f"sandbox set-up: {folder} may now be entered (o+x) by the sandbox account")
+PYTHON
+fi
+
 if ! docker info >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ] && command -v dockerd >/dev/null; then
         say "starting dockerd"

@@ -64,9 +64,6 @@ class Attack:
     code: str
     held: Callable[[str, str], None]
     """Asserts on what the model read (the tool's content) for a backend."""
-    spoils_worker: tuple[str, ...] = ()
-    """Backends on which the attack leaves the worker unable to host another episode (it
-    killed the session zygote): the next reset starts a fresh worker."""
     later_runs_fail: tuple[str, ...] = ()
     """Backends on which later runs of this episode answer an error (no session can start)."""
 
@@ -91,6 +88,16 @@ def _all(*checks: Callable[[str, str], None]) -> Callable[[str, str], None]:
     def check(content: str, backend: str) -> None:
         for each in checks:
             each(content, backend)
+
+    return check
+
+
+def _each_line(prefix: str, text: str) -> Callable[[str, str], None]:
+    """Every line that starts with `prefix` contains `text`."""
+
+    def check(content: str, backend: str) -> None:
+        for line in content.splitlines():
+            assert not line.startswith(prefix) or text in line, content
 
     return check
 
@@ -277,7 +284,6 @@ ATTACKS: dict[str, Attack] = {
         print("sent")
         """,
         _contains("sent"),
-        spoils_worker=("process",),  # the parent is the session zygote there (PID 1 is immune)
     ),
     "kill every process it can signal": Attack(
         """
@@ -289,7 +295,6 @@ ATTACKS: dict[str, Attack] = {
         print("sent")
         """,
         _contains("sent"),
-        spoils_worker=("process",),
     ),
     "kill the session's parent, then itself": Attack(
         """
@@ -298,7 +303,6 @@ ATTACKS: dict[str, Attack] = {
         os._exit(0)
         """,
         _contains("session: the session's process ended"),
-        spoils_worker=("process",),
         later_runs_fail=("process",),
     ),
     "escape into a new user namespace": Attack(
@@ -383,7 +387,6 @@ ATTACKS: dict[str, Attack] = {
         print("sent")
         """,
         _contains("sent"),
-        spoils_worker=("process",),  # the zygote, stopped: the next episode gets a new worker
     ),
     "close its stdio": Attack(
         """
@@ -404,6 +407,91 @@ ATTACKS: dict[str, Attack] = {
     "exit the interpreter": Attack(
         "os._exit(0)",
         _contains("session: the session's process ended"),
+    ),
+    "rewrite host kernel settings with their own values": Attack(
+        """
+        for name in ("kernel/core_pattern", "vm/overcommit_memory", "kernel/hostname"):
+            path = "/proc/sys/" + name
+            try:
+                value = open(path).read()
+                with open(path, "w") as stream:
+                    stream.write(value)
+                print("rewrote", name)
+            except OSError as error:
+                print("refused", name, error.strerror)
+        """,
+        _all(_lacks("rewrote"), _contains("refused kernel/core_pattern")),
+    ),
+    "keep a key in a kernel keyring": Attack(
+        """
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        for ring in (-3, -4, -5):  # session, process and user keyrings
+            key = libc.syscall(248, b"user", b"toolgym-attack-key", b"answer", 6, ring)
+            print("add_key", ring, key, os.strerror(ctypes.get_errno()) if key < 0 else "")
+        print("keyctl", libc.syscall(250, 0, -4, 0), os.strerror(ctypes.get_errno()))
+        """,
+        _all(
+            _contains("add_key -5", "keyctl -1 Operation not permitted"),
+            _each_line("add_key", "-1 Operation not permitted"),
+        ),
+    ),
+    "set up io_uring": Attack(
+        """
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        params = ctypes.create_string_buffer(120)
+        print("io_uring_setup", libc.syscall(425, 8, params), os.strerror(ctypes.get_errno()))
+        """,
+        _contains("io_uring_setup -1 "),
+    ),
+    "hold memory in memfds and SysV shared memory": Attack(
+        """
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        try:
+            fd = os.memfd_create("hoard")
+            os.ftruncate(fd, 1 << 30)
+            print("memfd held")
+        except OSError as error:
+            print("memfd refused:", error.strerror)
+        calls = (("shmget", 29, (0, 1 << 30, 0o1600)), ("msgget", 68, (0, 0o1600)),
+                 ("semget", 64, (0, 1, 0o1600)))
+        for name, number, args in calls:
+            print(name, libc.syscall(number, *args), os.strerror(ctypes.get_errno()))
+        """,
+        _all(
+            _contains("memfd refused:", "shmget -1 ", "msgget -1 ", "semget -1 "),
+            _lacks("memfd held"),
+        ),
+    ),
+    "fill /tmp with empty files": Attack(
+        """
+        created = 0
+        try:
+            while created < 200_000:
+                open(f"/tmp/empty-{created}", "w").close()
+                created += 1
+            print("created", created)
+        except OSError as error:
+            print("stopped after", created, error.strerror)
+        import shutil
+        shutil.rmtree("/tmp", ignore_errors=True)
+        """,
+        _all(_contains("stopped after"), _lacks("created 200000")),
+    ),
+    "change the limits of the worker and of the session's parent": Attack(
+        """
+        import resource
+        for pid in (1, os.getppid()):
+            for limit in (resource.RLIMIT_AS, resource.RLIMIT_NOFILE):
+                try:
+                    resource.prlimit(pid, limit, (16, 16))
+                    print("changed", pid, limit)
+                except OSError as error:
+                    print("refused", pid, limit, error.strerror)
+        """,
+        _all(_lacks("changed"), _contains("refused 1 ")),
     ),
 }
 
@@ -463,8 +551,8 @@ def test_the_attack_is_held(repl, host_service, name):
         env.final_answer(ANSWER)
         assert env.reward == 1.0 and env.done  # the grader grades
     assert env.restarts == restarts, "the worker survived the attack"
-    env.reset(task="next", answer=ANSWER)  # the next episode starts clean
-    assert env.restarts == restarts + (backend in attack.spoils_worker)
+    env.reset(task="next", answer=ANSWER)  # the next episode starts clean: in a fresh worker
+    assert env.restarts == restarts + 1
     assert "NameError" in _run(env, "block")
     assert env.reward == 0.0
     for leaked in ("/etc/attack", "/usr/attack", "/var/tmp/attack", "/attack"):
@@ -492,3 +580,78 @@ def test_a_local_session_holds_its_code_too():
         assert output.ended and "state is lost" in output.ended, output
         assert time.monotonic() - started < 5
         assert session.run("6 * 7").value == "42"  # a fresh session
+
+
+_LEAVE_BEHIND = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+for path in ("/tmp/left-behind", "/dev/shm/left-behind"):
+    with open(path, "w") as stream:
+        stream.write("the answer is 42")
+queue = libc.syscall(68, 0x70771, 0o1666 | 0o1000)  # msgget(key, IPC_CREAT)
+print("queue", queue)
+print("key", libc.syscall(248, b"user", b"toolgym-left-behind", b"42", 2, -5))
+"""
+
+_LOOK_BEHIND = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+found = [p for p in ("/tmp/left-behind", "/dev/shm/left-behind") if os.path.exists(p)]
+if libc.syscall(68, 0x70771, 0) >= 0:
+    found.append("queue")
+try:
+    if "toolgym-left-behind" in open("/proc/keys").read():
+        found.append("key")
+except OSError:
+    pass
+print("found", found)
+"""
+
+
+def test_nothing_reaches_the_next_episode(repl):
+    """Files in /tmp and /dev/shm, a SysV queue and a keyring key written in one episode are
+    gone in the next one on the same instance (a reset gives a fresh worker)."""
+    env, _ = repl
+    env.reset(task="first", answer=ANSWER)
+    _run(env, _LEAVE_BEHIND)
+    assert "found ['/tmp/left-behind', '/dev/shm/left-behind']" in _run(env, _LOOK_BEHIND)
+    env.reset(task="second", answer=ANSWER)
+    assert "found []" in _run(env, _LOOK_BEHIND)
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None and not REQUIRED, reason="no bubblewrap")
+def test_memory_no_process_limit_sees_is_bounded():
+    """The worker's memory cgroup counts the worker and its sessions together: past it the
+    kernel stops the session (the next run starts a fresh one), not the host."""
+    from toolgym.sandbox import ProcessBackend, ProcessLimits, RemoteEnvironment
+
+    limits = ProcessLimits(total_memory_bytes=256 << 20)
+    env = RemoteEnvironment(PythonREPL, {"run_timeout": 20.0}, backend=ProcessBackend(limits))
+    try:
+        env.reset(task="hoard", answer=ANSWER)
+        if "total_memory_bytes" not in env.isolation.limits:
+            assert any("no memory cgroup" in note for note in env.isolation.notes)
+            pytest.skip("no memory cgroup on this machine (the note says so)")
+        touched = "block = bytearray(600 << 20)\nblock[::4096] = b'x' * len(block[::4096])"
+        assert "session's process ended" in _run(env, touched)
+        assert "value: 42" in _run(env, "6 * 7")
+    finally:
+        env.close()
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="only a root host drops workers to another user")
+@pytest.mark.skipif(shutil.which("bwrap") is None and not REQUIRED, reason="no bubblewrap")
+def test_a_root_host_never_runs_model_code_as_root():
+    """Workers of a root host run as an unprivileged host user; where none can serve, a class
+    that runs the model's code is refused with the reason, never run as root."""
+    from toolgym.sandbox import ProcessBackend, RemoteEnvironment, SandboxError
+
+    env = RemoteEnvironment(PythonREPL, backend=ProcessBackend())
+    try:
+        env.reset(task="who", answer=ANSWER)
+        assert "mapped to host user" in env.isolation.user, env.isolation
+        assert "root" not in env.isolation.user
+    finally:
+        env.close()
+    with pytest.raises(SandboxError, match=r"refusing to run PythonREPL.*no-such-account"):
+        RemoteEnvironment(PythonREPL, backend=ProcessBackend(user="no-such-account")).reset()

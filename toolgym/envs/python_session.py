@@ -294,7 +294,7 @@ def zygote_lost() -> bool:
 
 
 def start_zygote() -> None:
-    """Start this process's session zygote; call before `forbid_new_processes`."""
+    """Start this process's session zygote; call before `install_filter`."""
     global _zygote
     _zygote = _Zygote()
 
@@ -312,7 +312,7 @@ def _serve_zygote(fd: int) -> None:
             keep = child_end.fileno()
             os.closerange(3, keep)
             os.closerange(keep + 1, 1 << 16)
-            if forbid_new_processes() is not None:
+            if install_filter(no_new_processes=True) is not None:
                 os._exit(3)  # never run model code without the filter the worker has
             _serve_session(keep)
             os._exit(0)
@@ -397,12 +397,36 @@ def make_untraceable() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(pr_set_dumpable, 0, 0, 0, 0)
 
 
-def forbid_new_processes() -> str | None:
-    """Install a seccomp filter under which fork, vfork and process-creating clone fail with
-    EAGAIN (threads still work). Returns None on success, else why it could not.
+HARDENING_RULES: tuple[tuple[str, str], ...] = (
+    ("keyctl", "EPERM"),  # the kernel keyring is per host user: a channel across workers
+    ("add_key", "EPERM"),
+    ("request_key", "EPERM"),
+    ("io_uring_setup", "ENOSYS"),  # a large kernel surface; Docker's profile refuses it too
+    ("io_uring_enter", "ENOSYS"),
+    ("io_uring_register", "ENOSYS"),
+    ("memfd_create", "EPERM"),  # memory no file size limit sees
+    ("memfd_secret", "EPERM"),
+    ("shmget", "EPERM"),  # SysV IPC: memory and queues outside every file limit
+    ("msgget", "EPERM"),
+    ("semget", "EPERM"),
+    ("bpf", "EPERM"),
+    ("perf_event_open", "EPERM"),
+    ("userfaultfd", "EPERM"),
+)
+"""System calls the seccomp filter of `install_filter` always refuses, with the errno the
+code sees. Besides these, `prlimit64` on any process but the caller fails with EPERM (the
+kernel lets a process change the limits of every other process of its user: the worker's and
+the zygote's)."""
 
-    This is how the process backend bounds a fork bomb when it runs as root, where
-    RLIMIT_NPROC does not apply.
+
+def install_filter(no_new_processes: bool = True) -> str | None:
+    """Install this process's seccomp filter (inherited by everything it starts): the
+    `HARDENING_RULES`, `prlimit64` on the caller only, and with `no_new_processes` fork,
+    vfork and process-creating clone fail with EAGAIN (threads still work). Returns None on
+    success, else why it could not.
+
+    The no-new-processes part is how the process backend bounds a fork bomb when it runs as
+    root, where RLIMIT_NPROC does not apply.
     """
     import ctypes
     import errno
@@ -420,7 +444,7 @@ def forbid_new_processes() -> str | None:
             ("datum_b", ctypes.c_uint64),
         ]
 
-    allow, masked_eq, clone_thread = 0x7FFF0000, 7, 0x00010000
+    allow, not_equal, masked_eq, clone_thread = 0x7FFF0000, 1, 7, 0x00010000
     lib.seccomp_init.restype = ctypes.c_void_p
     lib.seccomp_init.argtypes = [ctypes.c_uint32]
     lib.seccomp_rule_add_array.argtypes = [
@@ -436,15 +460,22 @@ def forbid_new_processes() -> str | None:
     def deny(code: int) -> int:
         return 0x00050000 | code  # SCMP_ACT_ERRNO(code)
 
+    rules: list[tuple[str, int, ArgCompare | None]] = [
+        (name, getattr(errno, code), None) for name, code in HARDENING_RULES
+    ]
+    rules += [("prlimit64", errno.EPERM, ArgCompare(0, not_equal, 0, 0))]
+    if no_new_processes:
+        rules += [("fork", errno.EAGAIN, None), ("vfork", errno.EAGAIN, None)]
+        rules += [("clone", errno.EAGAIN, ArgCompare(0, masked_eq, clone_thread, 0))]
+        rules += [("clone3", errno.ENOSYS, None)]  # libc falls back to clone for threads
     context = lib.seccomp_init(allow)
     if not context:
         return "seccomp_init failed"
     try:
-        rules = [("fork", errno.EAGAIN, None), ("vfork", errno.EAGAIN, None)]
-        rules += [("clone", errno.EAGAIN, ArgCompare(0, masked_eq, clone_thread, 0))]
-        rules += [("clone3", errno.ENOSYS, None)]  # libc falls back to clone for threads
         for name, code, compare in rules:
             number = lib.seccomp_syscall_resolve_name(name.encode())
+            if number < 0:  # a libseccomp older than the call: nothing to refuse
+                continue
             pointer = ctypes.byref(compare) if compare is not None else None
             if lib.seccomp_rule_add_array(
                 context, deny(code), number, int(compare is not None), pointer
@@ -478,7 +509,7 @@ def _main(argv: list[str]) -> None:
     elif role == "--session":
         # Best effort outside the process backend (docker bounds processes with its pids
         # limit; `local` is no sandbox): a process the code forks could outlive the session.
-        forbid_new_processes()
+        install_filter(no_new_processes=True)
         make_untraceable()  # a leftover of another session cannot read this one
         _serve_session(fd)
     else:

@@ -1,4 +1,5 @@
-"""A control group per process-backend worker: a cap on its tasks (threads count) and CPU.
+"""A control group per process-backend worker: a cap on its tasks (threads count), CPU and
+memory.
 
 The seccomp filter stops new processes but not threads, and RLIMIT_NPROC does not bind a
 worker whose user namespace maps to root: without a pids cgroup a thread bomb in the model's
@@ -23,18 +24,26 @@ PARENT = "toolgym"
 class WorkerGroup:
     """One worker's cgroup(s). `join()` runs in the child before exec; `remove()` after it."""
 
-    def __init__(self, max_tasks: int, cpus: float) -> None:
+    def __init__(self, max_tasks: int, cpus: float, memory_bytes: int = 0) -> None:
         self.folders: list[Path] = []
         self.enforced: dict[str, float] = {}
         name = f"worker-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         unified = _v2_root()
         if unified is not None:
             self._create(unified / PARENT / name, max_tasks, cpus, v2=True)
+            if memory_bytes and "tasks" in self.enforced:
+                self._limit_memory(unified / PARENT / name, memory_bytes, v2=True)
         else:
             if (ROOT / "pids" / "cgroup.procs").exists():
                 self._create(ROOT / "pids" / PARENT / name, max_tasks, None, v2=False)
             if (ROOT / "cpu" / "cgroup.procs").exists():
                 self._create(ROOT / "cpu" / PARENT / name, None, cpus, v2=False)
+            if memory_bytes and (ROOT / "memory" / "cgroup.procs").exists():
+                folder = ROOT / "memory" / PARENT / name
+                with contextlib.suppress(OSError):
+                    folder.mkdir(parents=True, exist_ok=True)
+                    self.folders.append(folder)
+                    self._limit_memory(folder, memory_bytes, v2=False)
 
     def join(self) -> None:
         """Move the calling process into the group(s) (between fork and exec)."""
@@ -58,6 +67,22 @@ class WorkerGroup:
                         break
                     time.sleep(0.005)
         self.folders = []
+
+    def _limit_memory(self, folder: Path, memory_bytes: int, v2: bool) -> None:
+        """Memory and memory + swap to `memory_bytes` (no swap beyond it); a failure leaves
+        `memory_bytes` out of `enforced`."""
+        try:
+            if v2:
+                (folder / "memory.max").write_text(str(memory_bytes))
+                with contextlib.suppress(FileNotFoundError):  # no swap controller: no swap
+                    (folder / "memory.swap.max").write_text("0")
+            else:
+                (folder / "memory.limit_in_bytes").write_text(str(memory_bytes))
+                with contextlib.suppress(FileNotFoundError):  # swap accounting is off
+                    (folder / "memory.memsw.limit_in_bytes").write_text(str(memory_bytes))
+        except OSError:
+            return
+        self.enforced["total_memory_bytes"] = memory_bytes
 
     def _create(self, folder: Path, tasks: int | None, cpus: float | None, v2: bool) -> None:
         try:
@@ -86,13 +111,16 @@ def _v2_root() -> Path | None:
     controllers = ROOT / "cgroup.controllers"
     if not controllers.exists():
         return None
-    wanted = {"pids", "cpu"}
-    if not wanted <= set(controllers.read_text().split()):
+    available = set(controllers.read_text().split())
+    if not {"pids", "cpu"} <= available:
         return None
     parent = ROOT / PARENT
     try:
         parent.mkdir(exist_ok=True)
         (parent / "cgroup.subtree_control").write_text("+pids +cpu")
+        if "memory" in available:
+            with contextlib.suppress(OSError):
+                (parent / "cgroup.subtree_control").write_text("+memory")
     except OSError:
         return None
     return ROOT
@@ -100,7 +128,7 @@ def _v2_root() -> Path | None:
 
 def remove_stale() -> None:
     """Remove empty worker groups left by processes that died without cleaning up."""
-    for hierarchy in (ROOT, ROOT / "pids", ROOT / "cpu"):
+    for hierarchy in (ROOT, ROOT / "pids", ROOT / "cpu", ROOT / "memory"):
         parent = hierarchy / PARENT
         if parent.is_dir():
             for folder in parent.glob("worker-*"):

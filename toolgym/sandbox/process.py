@@ -39,16 +39,21 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from toolgym.sandbox.cgroups import WorkerGroup, remove_stale
+from toolgym.sandbox.host_user import HostUser, become, sandbox_user, unreachable
 from toolgym.sandbox.imports import TOOLGYM_SOURCE, module_root
 from toolgym.sandbox.remote import Channel, Isolation, SandboxError
+from toolgym.sandbox.scratch import Scratch
+from toolgym.sandbox.scratch import remove_stale as remove_stale_scratch
 
 _PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here, not between fork and exec
 _SPAWNER = ThreadPoolExecutor(1, thread_name_prefix="toolgym-spawn")
 
 
@@ -67,7 +72,15 @@ class ProcessLimits:
     max_processes: int = 0
     """0: no new processes at all (seccomp). N > 0: RLIMIT_NPROC = N (ignored for root)."""
     tmp_bytes: int = 64 << 20
-    """Size of the worker's private /tmp (with bubblewrap)."""
+    """Size of the worker's private /tmp, and of its /dev/shm (with bubblewrap)."""
+    tmp_inodes: int = 16384
+    """Files and folders its /tmp, and its /dev/shm, may hold (with bubblewrap, when this
+    process is root: `toolgym.sandbox.scratch`); empty files cost kernel memory no size
+    counts."""
+    total_memory_bytes: int = 2 << 30
+    """Memory of the worker and everything it starts together, counting what no per-process
+    limit sees: shared memory, memfds, the files of its /tmp and /dev/shm (a memory cgroup
+    with no swap, where available; see `toolgym.sandbox.cgroups`). 0: no cap."""
     max_tasks: int = 256
     """Threads and processes of the worker and everything it starts (a pids cgroup, where
     this process may create one; see `toolgym.sandbox.cgroups`)."""
@@ -84,44 +97,130 @@ class ProcessBackend:
         bubblewrap: Use bubblewrap when installed (True) or never (False).
         extra_paths: Folders added to the worker's PYTHONPATH (this process's sys.path is
             passed already, so environments importable here are importable there).
+        user: The unprivileged host account workers run as when this process is root
+            (default: `toolgym-sandbox`, made by the set-up, else `nobody`; see
+            `toolgym.sandbox.host_user`). Never root: where no such account can read the
+            worker's view, a class that declares `runs_model_code` is refused and any other
+            runs as root mapped into its namespace, with a warning and a note.
     """
 
     limits: ProcessLimits = field(default_factory=ProcessLimits)
     bubblewrap: bool = True
     extra_paths: list[str] = field(default_factory=list)
+    user: str | None = None
     start_timeout: float = 30.0
     name: str = "process"
 
     def start(self, target: type | None = None) -> ProcessChannel:
         """A new worker for `target` (its module made visible), after its hello."""
-        command, isolation = self._command(target)
+        _remove_stale_leftovers()
+        launch = self._launch(target)
+        isolation = launch.isolation
         env = _worker_environment(self._import_roots(target), self.limits)
         if getattr(target, "runs_model_code", False):
             env["TOOLGYM_CODE_SESSIONS"] = "1"  # a zygote for sessions, started before seccomp
         stderr = tempfile.TemporaryFile()  # noqa: SIM115 (the channel closes it); explains a death at start
-        _remove_stale_groups()
-        group = WorkerGroup(self.limits.max_tasks, self.limits.cpus)
+        group = WorkerGroup(self.limits.max_tasks, self.limits.cpus, self.limits.total_memory_bytes)
         isolation.limits.update(group.enforced)
         if "tasks" not in group.enforced:
             isolation.notes.append("no pids cgroup: threads are not limited")
+        if self.limits.total_memory_bytes and "total_memory_bytes" not in group.enforced:
+            isolation.notes.append(
+                "no memory cgroup: shared memory, memfds and /tmp's files are not counted "
+                "against a limit of the worker's"
+            )
+
+        def prepare_child() -> None:  # between fork and exec, in this order
+            self._limit_child()
+            group.join()  # (as root: joining and mounting need it)
+            if launch.scratch is not None:
+                launch.scratch.mount()
+            if launch.user is not None:
+                become(launch.user)
+            _die_with_parent()  # after `become`: a change of user clears it
+
         # Spawned from one long-lived thread: the parent-death signal (and bubblewrap's
         # --die-with-parent) fires when the spawning *thread* exits, and rollouts start
         # workers from short-lived pool threads.
-        process = _SPAWNER.submit(
-            subprocess.Popen,
-            command,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=stderr,
-            env=env,
-            cwd="/tmp",
-            preexec_fn=lambda: (self._limit_child(), group.join()),
-            start_new_session=True,
-        ).result()
-        channel = ProcessChannel(process, isolation, stderr, group)
+        try:
+            process = _SPAWNER.submit(
+                subprocess.Popen,
+                launch.command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                env=env,
+                cwd="/tmp",
+                preexec_fn=prepare_child,
+                start_new_session=True,
+            ).result()
+        except (OSError, subprocess.SubprocessError) as error:
+            group.remove()
+            if launch.scratch is not None:
+                launch.scratch.remove()
+            stderr.close()
+            raise SandboxError(f"the worker could not be started: {error}") from error
+        channel = ProcessChannel(process, isolation, stderr, group, launch.scratch)
         hello = channel.hello(self.start_timeout)
         _record_process_limit(isolation, hello, self.limits)
         return channel
+
+    def _launch(self, target: type | None) -> _Launch:
+        """The command, and what the child does before it: the account it becomes and the
+        scratch mounts it makes (both only when this process is root)."""
+        command, isolation = self._command(target)
+        if not command[0].endswith("bwrap"):
+            return _Launch(command, isolation)
+        root = os.getuid() == 0
+        scratch = None
+        if root and _scratch_mounts_work():
+            scratch = Scratch(self.limits.tmp_bytes, self.limits.tmp_inodes)
+            command = _with_scratch(command, scratch)
+            isolation.limits["tmp_inodes"] = self.limits.tmp_inodes
+        else:
+            isolation.notes.append(
+                "no inode limit on /tmp and /dev/shm (mounting one needs root): empty files "
+                "cost kernel memory their size limit does not count"
+            )
+        if not root:
+            isolation.user += f", mapped to host uid {os.getuid()}"
+            return _Launch(command, isolation, None, scratch)
+        user, problem = self._host_user(target)
+        if user is None:
+            if getattr(target, "runs_model_code", False):
+                if scratch is not None:
+                    scratch.remove()
+                raise SandboxError(
+                    f"refusing to run {getattr(target, '__qualname__', target)}, which runs "
+                    f"the model's code, as the host's root: {problem}"
+                )
+            note = f"the worker runs as the host's root mapped into its namespace: {problem}"
+            isolation.notes.append(note)
+            _warn_once(note)
+            isolation.user += ", mapped to the host's root"
+        else:
+            isolation.user += f", mapped to host user {user}"
+        return _Launch(command, isolation, user, scratch)
+
+    def _host_user(self, target: type | None) -> tuple[HostUser | None, str]:
+        """The unprivileged account for a root host, or None and why none can serve."""
+        user = sandbox_user(self.user)
+        if user is None:
+            return None, f"no unprivileged host account {self.user or 'toolgym-sandbox or nobody'}"
+        sources = [source for source, _ in self._view(target)]
+        blocked = unreachable(sources, user)
+        if blocked:
+            return None, (
+                f"{user} cannot read {blocked}; `make sandboxes` (scripts/sandbox_setup.sh) "
+                "lets it enter the folders of the interpreter, the virtual environment and "
+                "the project, or name another account with ProcessBackend(user=...)"
+            )
+        if not _works((shutil.which("bwrap") or "bwrap", *_BWRAP_PROBE, "--", "true"), user):
+            return None, f"bubblewrap does not start as {user} (no unprivileged user namespaces?)"
+        return user, ""
+
+    def _view(self, target: type | None) -> list[tuple[str, str]]:
+        return _read_only_view(self._import_roots(target), target, self.extra_paths)
 
     def _command(self, target: type | None) -> tuple[list[str], Isolation]:
         limits = self.limits
@@ -141,8 +240,8 @@ class ProcessBackend:
             isolation.network, isolation.filesystem = False, "minimal read-only view"
             isolation.user = "uid 65534 in a user namespace, no capabilities, no_new_privs"
             isolation.limits["tmp_bytes"] = limits.tmp_bytes
-            binds = _read_only_view(self._import_roots(target), target, self.extra_paths)
-            return [bwrap, *_bwrap_arguments(binds, limits.tmp_bytes), "--", *worker], isolation
+            arguments = _bwrap_arguments(self._view(target), limits.tmp_bytes)
+            return [bwrap, *arguments, "--", *worker], isolation
         isolation.notes.append(
             "bubblewrap unavailable: the worker sees the host's files with the user's rights"
         )
@@ -177,8 +276,48 @@ class ProcessBackend:
             resource.setrlimit(kind, (value, value))
         if limits.max_processes > 0:
             resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_processes,) * 2)
-        with contextlib.suppress(OSError, AttributeError):  # dies with us, even without bwrap
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+@dataclass
+class _Launch:
+    command: list[str]
+    isolation: Isolation
+    user: HostUser | None = None
+    scratch: Scratch | None = None
+
+
+def _die_with_parent() -> None:
+    """The parent-death signal (the worker dies with us, even without bubblewrap)."""
+    with contextlib.suppress(OSError, AttributeError):
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _with_scratch(command: list[str], scratch: Scratch) -> list[str]:
+    """bubblewrap's arguments with the scratch mounts bound in place of its own tmpfs."""
+    replaced = []
+    for source, path in ((scratch.shm, "/dev/shm"), (scratch.tmp, "/tmp")):
+        at = next(i for i in range(len(command) - 3) if command[i + 2 : i + 4] == ["--tmpfs", path])
+        replaced.append((at, ["--bind", str(source), path]))
+    for at, arguments in sorted(replaced, reverse=True):
+        command = [*command[:at], *arguments, *command[at + 4 :]]
+    return command
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+@functools.cache
+def _scratch_mounts_work() -> bool:
+    """Whether this process may mount the scratch tmpfs in a child (asked once)."""
+    scratch = Scratch(1 << 20, 64)
+    try:
+        return subprocess.run(["true"], preexec_fn=scratch.mount, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+    finally:
+        scratch.remove()
 
 
 _SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -283,17 +422,24 @@ def _worker_environment(roots: list[str], limits: ProcessLimits) -> dict[str, st
 
 
 @functools.cache
-def _remove_stale_groups() -> None:
-    """Once per process: empty cgroups of workers whose host process died."""
+def _remove_stale_leftovers() -> None:
+    """Once per process: empty cgroups and scratch folders of workers whose host process
+    died."""
     remove_stale()
+    remove_stale_scratch()
 
 
 @functools.cache
-def _works(command: tuple[str, ...]) -> bool:
-    """Whether a probe command succeeds (asked once per process, not per worker)."""
+def _works(command: tuple[str, ...], user: HostUser | None = None) -> bool:
+    """Whether a probe command succeeds, as `user` if given (asked once per process, not per
+    worker)."""
+    preexec = None if user is None else functools.partial(become, user)
     try:
-        return subprocess.run(command, capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
+        return (
+            subprocess.run(command, capture_output=True, timeout=10, preexec_fn=preexec).returncode
+            == 0
+        )
+    except (OSError, subprocess.SubprocessError):
         return False
 
 
@@ -317,10 +463,11 @@ class ProcessChannel(Channel):
         isolation: Isolation,
         stderr: Any = None,
         group: WorkerGroup | None = None,
+        scratch: Scratch | None = None,
     ) -> None:
         super().__init__()
         self.process, self.isolation, self._stderr = process, isolation, stderr
-        self._group = group
+        self._group, self._scratch = group, scratch
         assert process.stdin is not None and process.stdout is not None
         self._out = process.stdout.fileno()
         os.set_blocking(self._out, False)
@@ -364,6 +511,9 @@ class ProcessChannel(Channel):
         self.process.wait()
         if self._group is not None:
             self._group.remove()
+        if self._scratch is not None:
+            self._scratch.remove()
+            self._scratch = None
         for stream in (self.process.stdin, self.process.stdout):
             try:
                 if stream is not None:

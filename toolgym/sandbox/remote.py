@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -27,6 +28,8 @@ from toolgym.envs.inline import InlineStep, as_inline_step
 from toolgym.envs.stepping import Executor, Stepper
 from toolgym.envs.tools import tool_table
 from toolgym.sandbox.worker import PROTOCOL_VERSION
+
+_log = logging.getLogger(__name__)
 
 MAX_REPLY_BYTES = 16 * 2**20
 """A reply line longer than this means a broken worker (the worker cuts tool results well
@@ -234,18 +237,28 @@ class RemoteExecutor(Executor):
         """Why this instance may not be used any more (set by its pool), or None."""
         self.channel: Channel | None = None
         self.restarts = -1
+        self._episodes = 0  # started on the current worker
         self._reward, self._done, self._reward_error = 0.0, False, None
         self._connect(channel)
 
     def reset(self, row: dict[str, Any]) -> str | None:
+        """Start an episode. A class that runs the model's code gets a fresh worker for every
+        episode after the first (a fresh /tmp, /dev/shm, IPC namespace and session: nothing
+        the code left behind reaches the next episode); others keep their worker, which the
+        model cannot write to. A worker that reports itself spoiled is replaced too."""
+        if self._episodes and getattr(self.target, "runs_model_code", False):
+            self._connect(None)
         self.channel_or_start()
         try:
-            return self.request("reset", row=row)
+            observation = self.request("reset", row=row)
         except RemoteError as error:
             if error.type != "SpoiledWorker":
                 raise
-        self._connect(None)  # e.g. the model's code killed its session zygote last episode
-        return self.request("reset", row=row)
+            _log.warning("%s: a fresh worker replaces one that %s", self.target.__qualname__, error)
+            self._connect(None)  # e.g. the model's code killed its session zygote
+            observation = self.request("reset", row=row)
+        self._episodes += 1
+        return observation
 
     def run(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
         lived = self.channel is not None and self.channel.alive and not self.revoked
@@ -333,6 +346,7 @@ class RemoteExecutor(Executor):
             self.channel.kill()
         self.channel = channel or self.backend.start(self.target)
         self.restarts += 1
+        self._episodes = 0
         self._reward, self._done, self._reward_error = 0.0, False, None
         module, name = self.target.__module__, self.target.__qualname__
         created = self.request(

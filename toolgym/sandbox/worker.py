@@ -41,7 +41,7 @@ from typing import Any, BinaryIO
 
 from toolgym.envs.calls import ToolCall
 from toolgym.envs.python_session import (
-    forbid_new_processes,
+    install_filter,
     make_untraceable,
     start_zygote,
     zygote_lost,
@@ -70,6 +70,7 @@ class Worker:
         self.reader, self.writer = reader, writer
         self.hello = {"pid": os.getpid(), "python": platform.python_version(), **(hello or {})}
         self.executor: LocalExecutor | None = None
+        self._limits = _own_limits()
 
     def serve(self) -> None:
         """Say hello, then answer requests until `exit` or the end of input."""
@@ -135,6 +136,15 @@ class Worker:
             raise SpoiledWorker(
                 "this worker's session zygote died (the model's code can kill it): it cannot "
                 "run code any more; the host starts a fresh worker"
+            )
+        now = _own_limits()
+        changed = [
+            f"{name} {was} -> {now[name]}" for name, was in self._limits.items() if was != now[name]
+        ]
+        if changed:
+            raise SpoiledWorker(
+                f"this worker's limits were changed from inside ({', '.join(changed)}); the "
+                "host starts a fresh worker"
             )
         observation = self.executor.reset(request.get("row", {}))
         return None if observation is None else str(observation)
@@ -218,6 +228,14 @@ def _error(error: BaseException) -> dict[str, str]:
     }
 
 
+def _own_limits() -> dict[str, tuple[int, int]]:
+    """This process's resource limits, to notice a change between episodes."""
+    import resource
+
+    names = ("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_NOFILE", "RLIMIT_FSIZE", "RLIMIT_NPROC")
+    return {name: resource.getrlimit(getattr(resource, name)) for name in names}
+
+
 def main() -> None:
     """`python -m toolgym.sandbox.worker`: limits, hygiene, then serve stdin/stdout."""
     # The protocol keeps the real stdout; whatever the environment prints goes to stderr
@@ -233,13 +251,18 @@ def main() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (int(memory), int(memory)))
     make_untraceable()  # model code in a session may not ptrace or open /proc of this process
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # as PID 1 (bubblewrap) nothing else kills it
-    if os.environ.get("TOOLGYM_NO_NEW_PROCESSES") == "1":
-        if os.environ.get("TOOLGYM_CODE_SESSIONS") == "1":
-            start_zygote()  # sessions for model code fork from it (envs/python_session.py)
-        problem = forbid_new_processes()
-        hello["no_new_processes"] = problem is None
-        if problem:
-            hello["notes"] = [f"new processes are not blocked: {problem}"]
+    no_new_processes = os.environ.get("TOOLGYM_NO_NEW_PROCESSES") == "1"
+    if no_new_processes and os.environ.get("TOOLGYM_CODE_SESSIONS") == "1":
+        start_zygote()  # sessions for model code fork from it (envs/python_session.py)
+    problem = install_filter(no_new_processes)  # inherited by every session
+    hello["filter"] = problem is None
+    hello["no_new_processes"] = no_new_processes and problem is None
+    if problem:
+        hello["notes"] = [
+            f"no seccomp filter (keyring, io_uring, memfd, SysV IPC and "
+            f"prlimit on other processes are open; new processes are not "
+            f"blocked): {problem}"
+        ]
     Worker(sys.stdin.buffer, protocol_out, hello).serve()
 
 

@@ -2,8 +2,9 @@
 
 Prints, for the local, process and docker backends, the per-call latency (p50 / p99 over
 `--calls` calls) of a trivial tool (`PythonREPL.run("1")` through `step`, so host-side
-argument checking is included), and for docker the time until 32 instances are ready from a
-cold pool, and the time to lease 32 from a warm one. Targets: process under 2 ms p50, docker
+argument checking is included), the time of `reset` plus the first run on one instance
+(a fresh worker per episode for `PythonREPL`), and the time until 32 instances are ready from
+a cold pool and to lease 32 from a warm one. Targets: process under 2 ms p50, docker
 under 5 ms p50.
 
     python bench/sandbox.py [--calls 2000] [--pool 32] [--no-docker]
@@ -38,6 +39,22 @@ def call_latency(where: str, calls: int) -> tuple[float, float]:
     return statistics.median(times) * 1e3, times[int(0.99 * (len(times) - 1))] * 1e3
 
 
+def reset_latency(where: str, episodes: int) -> float:
+    """Median seconds of `reset` on one instance: a class that runs the model's code gets a
+    fresh worker for every episode after the first, so this is a worker's start."""
+    env = toolgym.make("PythonREPL-v0", sandbox=where)
+    env.reset(seed=0)
+    env.step(toolgym.ToolCall("run", {"code": "1"}))
+    times = []
+    for _ in range(episodes):
+        start = time.perf_counter()
+        env.reset(seed=0)
+        env.step(toolgym.ToolCall("run", {"code": "1"}))  # the first run starts the session
+        times.append(time.perf_counter() - start)
+    env.close()
+    return statistics.median(times)
+
+
 def pool_start(backend: str, size: int) -> tuple[float, float]:
     started = time.perf_counter()
     with SandboxPool(PythonREPL, backend=backend, size=size, start_threads=8) as pool:
@@ -69,6 +86,9 @@ def main() -> None:
     for where in backends:
         p50, p99 = call_latency(where, args.calls)
         print(f"{where:8s} per call: p50 {p50:.3f} ms, p99 {p99:.3f} ms ({args.calls} calls)")
+    for where in backends[1:]:
+        reset = reset_latency(where, 20) * 1e3
+        print(f"{where:8s} reset + first run on one instance: p50 {reset:.0f} ms")
     for where in backends[1:]:
         cold, warm = pool_start(where, args.pool)
         print(

@@ -163,6 +163,9 @@ class ProcessBackend:
         channel = ProcessChannel(process, isolation, stderr, group, launch.scratch)
         hello = channel.hello(self.start_timeout)
         _record_process_limit(isolation, hello, self.limits)
+        if getattr(target, "runs_model_code", False):
+            for note in isolation.notes:  # a gap in what holds the model's code: never silent
+                _warn_once(f"process sandbox for {target.__qualname__}: {note}")
         return channel
 
     def _launch(self, target: type | None) -> _Launch:

@@ -480,6 +480,14 @@ ATTACKS: dict[str, Attack] = {
         """,
         _all(_contains("stopped after"), _lacks("created 200000")),
     ),
+    "learn the host's name": Attack(
+        """
+        import socket
+        print("hostname", socket.gethostname())
+        print("hosts", open("/etc/hosts").read().split())
+        """,
+        _lacks(f"hostname {socket.gethostname()}\n", f"'{socket.gethostname()}'"),
+    ),
     "change the limits of the worker and of the session's parent": Attack(
         """
         import resource

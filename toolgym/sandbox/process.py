@@ -330,9 +330,10 @@ _ETC = (
     "/etc/localtime",
     "/etc/alternatives",
     "/etc/ssl/certs",
-    "/etc/hosts",
     "/etc/nsswitch.conf",
 )
+_HOSTS = Path(__file__).with_name("hosts")
+"""The worker's /etc/hosts (localhost and its own name: not the host's names)."""
 _BWRAP_PROBE = ("--unshare-user", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--unshare-net")
 
 
@@ -347,13 +348,14 @@ def _bwrap_arguments(binds: list[tuple[str, str]], tmp_bytes: int) -> list[str]:
         "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
         # --as-pid-1: no bubblewrap init inside, which would hold the protocol pipes where
         # the model's code could open them (/proc/1/fd); the worker is PID 1 and untraceable
-        "--as-pid-1", "--die-with-parent", "--new-session",
+        "--as-pid-1", "--die-with-parent", "--new-session", "--hostname", "sandbox",
         "--proc", "/proc", "--dev", "/dev",
         "--size", str(tmp_bytes), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
         "--size", str(tmp_bytes), "--tmpfs", "/tmp",
     ]  # fmt: skip
     for source, path in binds:  # after /tmp: a project or venv under /tmp is bound over it
         arguments += ["--ro-bind", source, path]
+    arguments += ["--ro-bind", str(_HOSTS), "/etc/hosts"]
     return [*arguments, "--remount-ro", "/", "--chdir", "/tmp"]
 
 

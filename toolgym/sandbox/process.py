@@ -214,9 +214,10 @@ class ProcessBackend:
         blocked = unreachable(sources, user)
         if blocked:
             return None, (
-                f"{user} cannot read {blocked}; `make sandboxes` (scripts/sandbox_setup.sh) "
-                "lets it enter the folders of the interpreter, the virtual environment and "
-                "the project, or name another account with ProcessBackend(user=...)"
+                f"{user} cannot read {blocked}; let it in (`chmod o+x` on a folder it must pass "
+                "through, `o+rx` on one it must read; `make sandboxes` does this for the "
+                "interpreter, the virtual environment and the project) or name another "
+                "account with ProcessBackend(user=...)"
             )
         if not _works((shutil.which("bwrap") or "bwrap", *_BWRAP_PROBE, "--", "true"), user):
             return None, f"bubblewrap does not start as {user} (no unprivileged user namespaces?)"

@@ -12,12 +12,22 @@ public packages):
   the same format where vLLM has one that runs on the corpus tokenizer (the peer, same texts,
   same run).
 
+With `--hostile`, instead: per parser (every name in `PARSERS`), the worst time over the
+hostile texts of `tests/hostile_text.py` (repeated opening markers with no close, long call
+lists, deep nesting, unterminated JSON) at `--size` characters, and its ratio to a linear
+baseline measured in the same run (`json.loads` of a JSON list of calls of the same size). A
+parse that would run past `--cap` seconds is not run at full size: its time is extrapolated from
+two smaller sizes (marked `~`). Speed targets are printed here, never asserted in tests.
+
     python bench/parsers.py [--turns 10000] [--no-vllm]
+    python bench/parsers.py --hostile [--size 1048576] [--cap 30] [--show 1]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import sys
 import time
 from collections import Counter, defaultdict
@@ -25,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+from hostile_text import HOSTILE
 from template_corpus import TEMPLATES, template_tokenizer
 
 from toolgym.agents.chat import ChatRenderer, TemplateError
@@ -138,11 +149,66 @@ def _vllm_speed(name: str, tokenizer, text: str, turns: int) -> str:
     return f"{time.perf_counter() - start:.3f} s"
 
 
+def _timed(parser, text: str) -> float:
+    start = time.perf_counter()
+    parser(text)
+    return time.perf_counter() - start
+
+
+def _worst_case_time(parser, build, size: int, cap: float) -> tuple[float, bool]:
+    """`(seconds, extrapolated)` for one hostile text at `size`: timed at 8 KB, 16 KB, ...
+    first; where the growth between two sizes predicts more than `cap` seconds at `size`
+    (power law through the two points, exponent at least 1), the prediction instead of a run."""
+    smaller, previous = 1 << 13, None
+    while smaller < size:
+        seconds = _timed(parser, build(smaller))
+        if previous is not None and seconds > 0.05:
+            exponent = max(1.0, math.log2(seconds / max(previous, 1e-9)))
+            predicted = seconds * (size / smaller) ** exponent
+            if predicted > cap:
+                return predicted, True
+        previous, smaller = seconds, smaller * 2
+    return _timed(parser, build(size)), False
+
+
+def hostile(size: int, cap: float, show: int = 1) -> None:
+    """Per parser, the worst time over the hostile texts at `size` characters."""
+    calls = json.dumps([{"name": "f", "arguments": {"x": 1}}] * (size // 34))
+    baseline = min(_timed(json.loads, calls) for _ in range(3))
+    print(
+        f"{len(HOSTILE)} hostile texts of {size:,} characters; linear baseline "
+        f"(json.loads of {len(calls):,} characters of calls) {1e3 * baseline:.1f} ms\n"
+    )
+    names: dict[int, list[str]] = defaultdict(list)
+    for name, parser in PARSERS.items():
+        names[id(parser)].append(name)
+    print(f"{'parser':44s} {'worst':>10s} {'x baseline':>11s}  worst text")
+    for aliases in names.values():
+        parser = PARSERS[aliases[0]]
+        times = sorted(
+            (*_worst_case_time(parser, build, size, cap), label) for label, build in HOSTILE.items()
+        )[::-1]
+        for rank, (seconds, extrapolated, label) in enumerate(times[: max(1, show)]):
+            mark = "~" if extrapolated else " "
+            name = " / ".join(aliases) if rank == 0 else ""
+            print(
+                f"{name:44s} {mark}{seconds:8.3f} s {seconds / baseline:10.0f}x  {label[:60]}",
+                flush=True,
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=10_000)
     parser.add_argument("--no-vllm", action="store_true")
+    parser.add_argument("--hostile", action="store_true", help="worst times on hostile text")
+    parser.add_argument("--size", type=int, default=1 << 20, help="hostile text size (chars)")
+    parser.add_argument("--cap", type=float, default=30.0, help="extrapolate past this (s)")
+    parser.add_argument("--show", type=int, default=1, help="slowest texts shown per parser")
     args = parser.parse_args()
+    if args.hostile:
+        hostile(args.size, args.cap, args.show)
+        return
     table, times, samples = survey()
     sources = Counter(path.parent.name for path in TEMPLATES)
     print(f"{len(TEMPLATES)} templates ({dict(sources)})\n")

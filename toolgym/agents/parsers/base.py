@@ -4,12 +4,17 @@ A parser never raises on what a model wrote: text that is meant as a tool call b
 read becomes a `MalformedToolCall`, which the environment answers with an explanation and
 counts as a failure. Formats that write argument values as bare text (XML, pythonic, Gemma)
 keep them as strings; `type_arguments` gives them the types the tool's schema declares.
+
+A parser's time is linear in the text, whatever the text: scans move forward (`Scan`), never
+re-search the rest of the text from each failed candidate, and a message reads at most
+`MAX_CALLS` calls (`capped`: the rest become one malformed call saying so).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +38,66 @@ class ParsedMessage:
 
 
 Parser = Callable[[str], ParsedMessage]
+
+
+MAX_CALLS = 1000
+"""The most tool calls a parser reads from one message; past it, one malformed call says so."""
+
+
+def capped(calls: Iterable[AnyCall], text: str = "") -> list[AnyCall]:
+    """The first `MAX_CALLS` of `calls` (read lazily), and a malformed call naming the cap where
+    the message holds more."""
+    found: list[AnyCall] = []
+    for call in calls:
+        if len(found) == MAX_CALLS:
+            found.append(MalformedToolCall(text[:200], too_many_calls()))
+            break
+        found.append(call)
+    return found
+
+
+def too_many_calls() -> str:
+    return f"more than {MAX_CALLS} tool calls in one message: the rest were not read"
+
+
+class Scan:
+    """Finds strings and patterns in one text from positions that only move forward, as a
+    parser reads left to right: each one's next match is kept until the reading passes it. A
+    search from each candidate start instead (`str.find` or a regex's `finditer` that fails
+    on a marker with no close) re-reads the rest of the text per candidate: quadratic time on
+    a marker repeated with no close."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self._found: dict[str | re.Pattern[str], tuple[int, re.Match[str] | int | None]] = {}
+
+    def find(self, needle: str, start: int) -> int:
+        """`text.find(needle, start)`."""
+        found = self._cached(needle, start)
+        if found is False:
+            found = self.text.find(needle, start)
+            self._found[needle] = (start, found if found >= 0 else None)
+        return -1 if found is None else found  # type: ignore[return-value]
+
+    def search(self, pattern: re.Pattern[str], start: int) -> re.Match[str] | None:
+        """`pattern.search(text, start)` (for patterns without anchors or lookbehind)."""
+        found = self._cached(pattern, start)
+        if found is False:
+            found = pattern.search(self.text, start)
+            self._found[pattern] = (start, found)
+        return found  # type: ignore[return-value]
+
+    def _cached(self, key: str | re.Pattern[str], start: int) -> re.Match[str] | int | bool | None:
+        """The kept result where it still answers a search from `start`; False otherwise."""
+        if key not in self._found:
+            return False
+        origin, found = self._found[key]
+        if origin > start:
+            return False
+        if found is None:
+            return None
+        position = found if isinstance(found, int) else found.start()
+        return found if position >= start else False
 
 
 def first_of(*parsers: Parser) -> Parser:
@@ -109,19 +174,18 @@ def json_or_text(value: str) -> Any:
     return value if error is not None else decoded
 
 
-def blocks(text: str, start: str, end: str) -> list[tuple[str, bool]]:
+def blocks(text: str, start: str, end: str) -> Iterator[tuple[str, bool]]:
     """The text between each `start` and its `end`, and whether the end was there (a block
     cut by the token limit runs to the end of the text)."""
-    found, position = [], 0
+    position = 0
     while (opening := text.find(start, position)) >= 0:
         body_start = opening + len(start)
         closing = text.find(end, body_start)
         if closing < 0:
-            found.append((text[body_start:], False))
-            break
-        found.append((text[body_start:closing], True))
+            yield text[body_start:], False
+            return
+        yield text[body_start:closing], True
         position = closing + len(end)
-    return found
 
 
 def before(text: str, marker: str) -> str:

@@ -10,11 +10,13 @@ from typing import Any
 
 from toolgym.agents.parsers.base import (
     DECODE_ERRORS,
+    MAX_CALLS,
     AnyCall,
     ParsedMessage,
     before,
     blocks,
-    json_or_text,
+    capped,
+    too_many_calls,
 )
 from toolgym.envs.calls import MalformedToolCall, ToolCall
 
@@ -26,9 +28,8 @@ def parse_pythonic(text: str) -> ParsedMessage:
     """`[name(key=value, ...), ...]`, between LFM2's `<|tool_call_start|>` markers or as the
     whole message (Llama 4); values are Python literals."""
     if _LFM2[0] in text:
-        calls: list[AnyCall] = []
-        for body, _closed in blocks(text, *_LFM2):
-            calls.extend(_pythonic_calls(body.strip()))
+        bodies = blocks(text, *_LFM2)
+        calls = capped((call for body, _ in bodies for call in _pythonic_calls(body.strip())), text)
         return ParsedMessage(before(text, _LFM2[0]), calls)
     if _PYTHONIC_LIST.match(text):
         return ParsedMessage("", _pythonic_calls(text.strip()))
@@ -36,6 +37,11 @@ def parse_pythonic(text: str) -> ParsedMessage:
 
 
 def _pythonic_calls(source: str) -> list[AnyCall]:
+    """The calls in one list (its first `MAX_CALLS`, and a malformed call naming the cap where
+    it holds more: only those are parsed)."""
+    cut = _cut_after_calls(source)
+    if cut is not None:
+        return [*_pythonic_calls(source[:cut] + "]"), MalformedToolCall(source, too_many_calls())]
     try:
         tree = ast.parse(source, mode="eval").body
     except SyntaxError as error:
@@ -43,21 +49,89 @@ def _pythonic_calls(source: str) -> list[AnyCall]:
     except DECODE_ERRORS as error:  # nesting past the recursion limit, memory
         return [MalformedToolCall(source, f"unreadable call ({type(error).__name__})")]
     items = tree.elts if isinstance(tree, (ast.List, ast.Tuple)) else [tree]
-    calls: list[AnyCall] = []
-    for item in items:
-        text = ast.get_source_segment(source, item) or source
-        if not isinstance(item, ast.Call) or item.args:
-            calls.append(MalformedToolCall(text, "expected name(key=value, ...)"))
-            continue
-        try:
-            arguments = {kw.arg: ast.literal_eval(kw.value) for kw in item.keywords if kw.arg}
-            json.dumps(arguments)  # sets, bytes and complex numbers are no tool arguments
-            name = ast.unparse(item.func)
-        except (TypeError, *DECODE_ERRORS):
-            calls.append(MalformedToolCall(text, "argument values must be JSON-like literals"))
-            continue
-        calls.append(ToolCall(name, arguments))
-    return calls
+    segments = _Segments(source)
+    return capped((_pythonic_call(item, segments.of(item) or source) for item in items), source)
+
+
+def _pythonic_call(item: ast.expr, text: str) -> AnyCall:
+    if not isinstance(item, ast.Call) or item.args:
+        return MalformedToolCall(text, "expected name(key=value, ...)")
+    try:
+        arguments = {kw.arg: ast.literal_eval(kw.value) for kw in item.keywords if kw.arg}
+        json.dumps(arguments)  # sets, bytes and complex numbers are no tool arguments
+        name = ast.unparse(item.func)
+    except (TypeError, *DECODE_ERRORS):
+        return MalformedToolCall(text, "argument values must be JSON-like literals")
+    return ToolCall(name, arguments)
+
+
+_STRUCTURE = re.compile(r"""[\[\](){},#'"]""")
+_STRING_ENDS = {
+    quote: re.compile(pattern, re.DOTALL)
+    for quote, pattern in (
+        ("'", r"[^'\\\n]*(?:\\.[^'\\\n]*)*'"),
+        ('"', r'[^"\\\n]*(?:\\.[^"\\\n]*)*"'),
+        ("'''", r"[^'\\]*(?:(?:\\.|'(?!''))[^'\\]*)*'''"),
+        ('"""', r'[^"\\]*(?:(?:\\.|"(?!""))[^"\\]*)*"""'),
+    )
+}
+
+
+def _cut_after_calls(source: str) -> int | None:
+    """Where a list of more than `MAX_CALLS` calls has its `MAX_CALLS`-th top-level comma (None
+    for a shorter list, or text that is no list): Python's own parser then reads only the
+    calls before it. One forward pass over brackets, commas, strings and comments, for lists
+    with more opening parentheses than `MAX_CALLS` (one per call)."""
+    if not source.startswith("[") or source.count("(") <= MAX_CALLS:
+        return None
+    depth, commas, position = 0, 0, 0
+    while (match := _STRUCTURE.search(source, position)) is not None:
+        char, position = match.group(), match.end()
+        if char in "[({":
+            depth += 1
+        elif char in "])}":
+            depth -= 1
+            if depth <= 0:
+                return None  # the list closed first
+        elif char == ",":
+            commas += depth == 1
+            if commas == MAX_CALLS:
+                rest = source[position:].lstrip()
+                return match.start() if rest and not rest.startswith("]") else None
+        elif char == "#":
+            position = source.find("\n", position)
+            if position < 0:
+                return None
+        else:
+            quote = char * 3 if source.startswith(char * 3, match.start()) else char
+            end = _STRING_ENDS[quote].match(source, match.start() + len(quote))
+            if end is None:
+                return None  # unterminated: Python's parser says so
+            position = end.end()
+    return None
+
+
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")
+
+
+class _Segments:
+    """`ast.get_source_segment` for many nodes of one source, in time linear in the source and
+    the segments (`ast.get_source_segment` splits the whole source into lines, character by
+    character, for each node: quadratic over a long list of calls)."""
+
+    def __init__(self, source: str) -> None:
+        self.lines = [line.encode() for line in _LINE.findall(source)]  # as Python's parser does
+
+    def of(self, node: ast.AST) -> str | None:
+        start, end = getattr(node, "lineno", None), getattr(node, "end_lineno", None)
+        first, last = getattr(node, "col_offset", None), getattr(node, "end_col_offset", None)
+        if start is None or end is None or first is None or last is None:
+            return None
+        lines = self.lines
+        if start == end:
+            return lines[start - 1][first:last].decode()
+        middle = b"".join(lines[start : end - 1])
+        return (lines[start - 1][first:] + middle + lines[end - 1][:last]).decode()
 
 
 _GEMMA_CALL = ("<|tool_call>", "<tool_call|>")
@@ -73,10 +147,11 @@ def parse_gemma4(text: str) -> ParsedMessage:
     visible = _GEMMA_THOUGHT.sub("", text)
     if _GEMMA_CALL[0] not in visible:
         return ParsedMessage(visible.strip(), [], reasoning)
-    calls: list[AnyCall] = []
-    for body, closed in blocks(visible, *_GEMMA_CALL):
-        calls.append(_gemma_call(body) if closed else MalformedToolCall(body, "cut off"))
-    return ParsedMessage(before(visible, _GEMMA_CALL[0]), calls, reasoning)
+    found = (
+        _gemma_call(body) if closed else MalformedToolCall(body, "cut off")
+        for body, closed in blocks(visible, *_GEMMA_CALL)
+    )
+    return ParsedMessage(before(visible, _GEMMA_CALL[0]), capped(found, visible), reasoning)
 
 
 def _gemma_call(body: str) -> AnyCall:
@@ -90,6 +165,10 @@ def _gemma_call(body: str) -> AnyCall:
     if body[end:].strip():
         return MalformedToolCall(body, "text after the arguments")
     return ToolCall(match.group(1), arguments)
+
+
+_BARE = re.compile(r"[^,}\]]*")
+_SPACE = re.compile(r"\s*")
 
 
 class _GemmaReader:
@@ -109,9 +188,7 @@ class _GemmaReader:
             return self.mapping(i)
         if text.startswith("[", i):
             return self.sequence(i)
-        end = i
-        while end < len(text) and text[end] not in ",}]":
-            end += 1
+        end = _BARE.match(text, i).end()
         return _bare_literal(text[i:end].strip()), end
 
     def mapping(self, i: int) -> tuple[dict[str, Any], int]:
@@ -150,9 +227,7 @@ class _GemmaReader:
     def _skip(self, i: int) -> int:
         if i >= len(self.text):
             raise ValueError("cut off")
-        while i < len(self.text) and self.text[i].isspace():
-            i += 1
-        return i
+        return _SPACE.match(self.text, i).end()
 
 
 _JSON_NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
@@ -166,6 +241,9 @@ def _bare_literal(token: str) -> Any:
         return lowered == "true"
     if lowered in ("null", "none"):
         return None
-    if _JSON_NUMBER.fullmatch(token):
-        return json_or_text(token)
+    if _JSON_NUMBER.fullmatch(token):  # as JSON reads it: float() where it has . or e
+        try:
+            return float(token) if token.strip("-0123456789") else int(token)
+        except ValueError:  # more digits than Python converts
+            return token
     return token

@@ -138,14 +138,28 @@ _ALIASES = {
 _OWN_REASONING = {"harmony", "gemma4"}
 
 
+# What reading text can raise (a backstop: the readers catch what they know of). Anything
+# else comes from outside the text, and passes through: a caller's time limit (an alarm's
+# TimeoutError or its own exception class), KeyboardInterrupt, a cancellation.
+_READ_ERRORS = (
+    ArithmeticError,
+    AssertionError,
+    AttributeError,
+    LookupError,
+    MemoryError,
+    RecursionError,
+    TypeError,
+    ValueError,
+)
+
+
 def _never_raises(parser: Parser) -> Parser:
-    """A parser that turns anything its format's reader raises into a malformed call (a
-    backstop: the readers catch what they know of)."""
+    """A parser that turns what reading the text can raise into a malformed call."""
 
     def parse(text: str) -> ParsedMessage:
         try:
             return parser(text)
-        except Exception as error:
+        except _READ_ERRORS as error:
             reason = f"unreadable tool call ({type(error).__name__})"
             return ParsedMessage(text.strip(), [MalformedToolCall(text, reason)])
 

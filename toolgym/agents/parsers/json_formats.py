@@ -4,21 +4,25 @@ write the tool's name between marker tokens before its JSON arguments."""
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from toolgym.agents.parsers.base import (
+    MAX_CALLS,
     AnyCall,
     ParsedMessage,
     Parser,
+    Scan,
     before,
     blocks,
+    capped,
     decode_json,
     dict_call,
     json_arguments_call,
     json_call,
     split_top_level,
+    too_many_calls,
 )
+from toolgym.agents.parsers.xml_formats import function_blocks
 from toolgym.envs.calls import MalformedToolCall, ToolCall
 
 
@@ -30,25 +34,26 @@ def tagged_json(start: str, end: str | None, name_keys: tuple[str, ...] = ("name
     def parse(text: str) -> ParsedMessage:
         if start not in text:
             return ParsedMessage(text.strip())
-        calls: list[AnyCall] = []
-        for body, _closed in blocks(text, start, end or "\0"):
-            calls.extend(_json_calls(body.strip(), name_keys))
+        bodies = blocks(text, start, end or "\0")
+        found = (call for body, _ in bodies for call in _json_calls(body.strip(), name_keys))
+        calls = capped(found, text)
         return ParsedMessage(before(text, start), calls)
 
     return parse
 
 
-def _json_calls(body: str, name_keys: tuple[str, ...]) -> list[AnyCall]:
+def _json_calls(body: str, name_keys: tuple[str, ...]) -> Iterator[AnyCall]:
+    """The calls in one block, read lazily (the caller stops at `MAX_CALLS`)."""
     decoded, error = decode_json(body)
     if error is not None:
         lines = [line for line in body.splitlines() if line.strip()]
         if len(lines) > 1 and all(line.lstrip().startswith("{") for line in lines):
-            return [json_call(line.strip(), name_keys) for line in lines]
-        return [MalformedToolCall(body, error)]
+            return (json_call(line.strip(), name_keys) for line in lines)
+        return iter([MalformedToolCall(body, error)])
     items = decoded if isinstance(decoded, list) else [decoded]
     if not items:
-        return [MalformedToolCall(body, "an empty list of tool calls")]
-    return [dict_call(item, json.dumps(item), name_keys) for item in items]
+        return iter([MalformedToolCall(body, "an empty list of tool calls")])
+    return (dict_call(item, json.dumps(item), name_keys) for item in items)
 
 
 parse_hermes = tagged_json("<tool_call>", "</tool_call>")
@@ -63,7 +68,7 @@ def parse_llama3(text: str) -> ParsedMessage:
     if not body.startswith("{"):
         return ParsedMessage(text.strip())
     pieces = [p.strip() for p in split_top_level(body, ";") if p.strip()]
-    calls = [json_call(piece) for piece in pieces]
+    calls = capped((json_call(piece) for piece in pieces), body)
     if not tagged and all(isinstance(c, MalformedToolCall) for c in calls):
         return ParsedMessage(text.strip())  # prose in braces, not an attempted call
     return ParsedMessage("", calls)
@@ -79,16 +84,15 @@ def parse_mistral(text: str) -> ParsedMessage:
     content, _, rest = text.partition(_MISTRAL)
     rest = rest.strip()
     if rest.startswith("["):
-        return ParsedMessage(content.strip(), _json_calls(rest, ("name",)))
-    calls: list[AnyCall] = []
-    for chunk in rest.split(_MISTRAL):
-        head, marker, arguments = chunk.partition("[ARGS]")
-        name = head.split("[CALL_ID]", 1)[0]
-        if not marker:
-            calls.append(MalformedToolCall(chunk, "expected name[ARGS]{...}"))
-            continue
-        calls.append(json_arguments_call(name, arguments, chunk))
-    return ParsedMessage(content.strip(), calls)
+        return ParsedMessage(content.strip(), capped(_json_calls(rest, ("name",)), rest))
+    return ParsedMessage(content.strip(), capped(map(_mistral_call, rest.split(_MISTRAL)), rest))
+
+
+def _mistral_call(chunk: str) -> AnyCall:
+    head, marker, arguments = chunk.partition("[ARGS]")
+    if not marker:
+        return MalformedToolCall(chunk, "expected name[ARGS]{...}")
+    return json_arguments_call(head.split("[CALL_ID]", 1)[0], arguments, chunk)
 
 
 _DEEPSEEK_CALLS = "<｜tool▁calls▁begin｜>"
@@ -104,7 +108,7 @@ def marked_calls(
     start = section if section in text else call[0]
     if start not in text:
         return ParsedMessage(text.strip())
-    calls = [read(body, closed) for body, closed in blocks(text, *call)]
+    calls = capped((read(body, closed) for body, closed in blocks(text, *call)), text)
     if not calls:
         calls.append(MalformedToolCall(text, "a tool-call section without a call"))
     return ParsedMessage(before(text, start), calls)
@@ -162,7 +166,7 @@ def _kimi_call(body: str, closed: bool) -> AnyCall:
 
 
 _SOLAR_CALL = ("<|tool_call:begin|>", "<|tool_call:end|>")
-_SOLAR_PARTS = re.compile(r"<\|tool_call:name\|>(.*?)<\|tool_call:args\|>(.*)", re.DOTALL)
+_SOLAR_NAME, _SOLAR_ARGUMENTS = "<|tool_call:name|>", "<|tool_call:args|>"
 
 
 def parse_solar(text: str) -> ParsedMessage:
@@ -171,23 +175,22 @@ def parse_solar(text: str) -> ParsedMessage:
 
 
 def _solar_call(body: str, closed: bool) -> AnyCall:
-    match = _SOLAR_PARTS.search(body)
-    if match is None:
-        return MalformedToolCall(body, "expected <|tool_call:name|>NAME<|tool_call:args|>")
-    return json_arguments_call(match.group(1), match.group(2), body, closed)
-
-
-_FUNCTIONARY = re.compile(r"<function=([^>\n]*)>(.*?)(</function>|\Z)", re.DOTALL)
+    name = body.find(_SOLAR_NAME)
+    arguments = body.find(_SOLAR_ARGUMENTS, name + len(_SOLAR_NAME)) if name >= 0 else -1
+    if arguments < 0:
+        return MalformedToolCall(body, f"expected {_SOLAR_NAME}NAME{_SOLAR_ARGUMENTS}")
+    name_text = body[name + len(_SOLAR_NAME) : arguments]
+    return json_arguments_call(name_text, body[arguments + len(_SOLAR_ARGUMENTS) :], body, closed)
 
 
 def parse_functionary(text: str) -> ParsedMessage:
     """Functionary v3.1 / Llama 3.1 custom: `<function=NAME>{json}</function>`."""
-    calls = [
-        json_arguments_call(name, arguments, match.group(0), bool(closing))
-        for match in _FUNCTIONARY.finditer(text)
-        for name, arguments, closing in [match.groups()]
+    found = (
+        json_arguments_call(name, arguments, whole, closed)
+        for name, arguments, closed, whole in function_blocks(text)
         if not arguments.lstrip().startswith("<parameter")
-    ]
+    )
+    calls = capped(found, text)
     return ParsedMessage(before(text, "<function=") if calls else text.strip(), calls)
 
 
@@ -196,19 +199,22 @@ def parse_apertus(text: str) -> ParsedMessage:
     start = "<|tools_prefix|>"
     if start not in text:
         return ParsedMessage(text.strip())
-    calls: list[AnyCall] = []
+    calls = capped(_apertus_calls(text, start), text)
+    return ParsedMessage(before(text, start), calls)
+
+
+def _apertus_calls(text: str, start: str) -> Iterator[AnyCall]:
     for body, _closed in blocks(text, start, "<|tools_suffix|>"):
         items, error = decode_json(body)
         if error is not None:
-            calls.append(MalformedToolCall(body, error))
+            yield MalformedToolCall(body, error)
             continue
         for item in items if isinstance(items, list) else [items]:
             if isinstance(item, dict) and len(item) == 1:
                 [(name, arguments)] = item.items()
-                calls.append(dict_call({"name": name, "arguments": arguments}, json.dumps(item)))
+                yield dict_call({"name": name, "arguments": arguments}, json.dumps(item))
             else:
-                calls.append(MalformedToolCall(json.dumps(item), 'expected {"NAME": {...}}'))
-    return ParsedMessage(before(text, start), calls)
+                yield MalformedToolCall(json.dumps(item), 'expected {"NAME": {...}}')
 
 
 _HARMONY_ENDS = ("<|call|>", "<|end|>", "<|start|>", "<|return|>")
@@ -221,6 +227,9 @@ def parse_harmony(text: str) -> ParsedMessage:
     reasoning, content = [], []
     for header, body, closed in _harmony_messages(text):
         if "to=functions." in header:
+            if len(calls) == MAX_CALLS:
+                calls.append(MalformedToolCall(text[:200], too_many_calls()))
+                break
             name = header.split("to=functions.", 1)[1].split(None, 1)
             name = name[0].split("<|", 1)[0] if name else ""
             calls.append(json_arguments_call(name, body, header + body, closed))
@@ -233,15 +242,15 @@ def parse_harmony(text: str) -> ParsedMessage:
     return ParsedMessage("\n".join(content), calls, "\n".join(reasoning))
 
 
-def _harmony_messages(text: str) -> list[tuple[str, str, bool]]:
+def _harmony_messages(text: str) -> Iterator[tuple[str, str, bool]]:
     """Each `<|message|>` with the header before it (since the previous message ended), its
-    body, and whether an end marker closed it."""
-    messages, position = [], 0
-    while (start := text.find("<|message|>", position)) >= 0:
+    body, and whether an end marker closed it (one forward scan: an end marker missing from
+    the text is looked for once, not once per message)."""
+    scan, position = Scan(text), 0
+    while (start := scan.find("<|message|>", position)) >= 0:
         header = text[position:start]
         body_start = start + len("<|message|>")
-        ends = [i for i in (text.find(m, body_start) for m in _HARMONY_ENDS) if i >= 0]
+        ends = [i for i in (scan.find(m, body_start) for m in _HARMONY_ENDS) if i >= 0]
         end = min(ends) if ends else len(text)
-        messages.append((header, text[body_start:end], bool(ends)))
+        yield header, text[body_start:end], bool(ends)
         position = end
-    return messages

@@ -19,6 +19,8 @@ def tokenizer_parser(tokenizer: Any) -> Parser:
         try:
             # the text starts after the generation prompt: no prompt text to add (`prefix=""`)
             message = tokenizer.parse_response(text, prefix="")
+        except TimeoutError:
+            raise  # a caller's time limit, not the text's doing
         except Exception as error:  # the template's parser can fail on arbitrary text
             return ParsedMessage(
                 text.strip(), [MalformedToolCall(text, f"unreadable response ({error})")]
@@ -56,6 +58,8 @@ def vllm_parser(name: str, tokenizer: Any, tools: list[dict] | None = None) -> P
     def parse(text: str) -> ParsedMessage:
         try:
             result = parser.extract_tool_calls(text, request)
+        except TimeoutError:
+            raise  # a caller's time limit, not the text's doing
         except Exception as error:
             return ParsedMessage(text.strip(), [MalformedToolCall(text, f"unreadable ({error})")])
         if not result.tools_called:

@@ -217,18 +217,22 @@ def _registration_of(target: Any) -> EnvSpec | None:
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """The prompt rows of a JSONL file: one object per line, each with a `prompt` (a string,
-    or chat messages: a list of `{"role": ..., "content": ...}`) and the `reset` arguments."""
+    or chat messages: a list of `{"role": ..., "content": ...}`) and the `reset` arguments.
+
+    Lines end at `\n` only (a trailing `\r` is dropped): U+2028, U+2029 and `\x85` are text
+    inside a row, as JSON allows. A line that is not UTF-8, not JSON, nested past what Python
+    can decode, or holding an integer past Python's digit limit is a `CLIError` naming the
+    file and the line.
+    """
     path = Path(path)
     if not path.is_file():
         raise CLIError(f"dataset {str(path)!r} does not exist")
     rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
+        line = _decoded_line(raw.removesuffix(b"\r"), f"{path}, line {number}")
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise CLIError(f"{path}, line {number}: not JSON ({error.msg})") from None
+        row = _json_row(line, f"{path}, line {number}")
         if not isinstance(row, dict) or not _is_prompt(row.get("prompt")):
             raise CLIError(
                 f"{path}, line {number}: expected an object with a 'prompt' (a string or a list "
@@ -238,6 +242,31 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
     if not rows:
         raise CLIError(f"dataset {str(path)!r} has no rows")
     return rows
+
+
+def _decoded_line(raw: bytes, where: str) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise CLIError(
+            f"{where}: not UTF-8 (byte {raw[error.start]:#04x} at byte {error.start + 1} of the "
+            "line)"
+        ) from None
+
+
+def _json_row(line: str, where: str) -> Any:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as error:
+        raise CLIError(f"{where}: not JSON ({error.msg})") from None
+    except RecursionError:
+        raise CLIError(f"{where}: JSON nested too deeply to read") from None
+    except MemoryError:
+        raise CLIError(f"{where}: too large to read") from None
+    except ValueError:  # the only other: an integer past Python's digit limit
+        limit = getattr(sys, "get_int_max_str_digits", None)
+        digits = f"{limit()} digits" if limit else "Python's digit limit"
+        raise CLIError(f"{where}: an integer longer than {digits}") from None
 
 
 def _is_prompt(prompt: Any) -> bool:

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+
 import torch
 
 import toolgym
@@ -11,6 +16,27 @@ from toolgym.testing import tiny_model
 GUESS = (
     '<tool_call>\n{{"name": "guess", "arguments": {{"word": "{word}"}}}}\n</tool_call><|im_end|>'
 )
+
+
+def run_group(command: list[str], timeout: float, **options) -> subprocess.CompletedProcess:
+    """`subprocess.run(command, capture_output=True, text=True)` in a process group of its own
+    that is killed whole when it ends, times out or the test is interrupted: launchers such as
+    `accelerate launch` leave their ranks running when only the launcher is killed."""
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        **options,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 def ids(tokenizer, text: str) -> list[int]:

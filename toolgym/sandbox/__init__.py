@@ -1,7 +1,7 @@
 """Where an environment instance lives: in this process, in a limited subprocess, or in a
 Docker container, behind one surface (`RemoteEnvironment`).
 
-    env = toolgym.make("PythonREPL-v0", sandbox="docker")   # or "process", "local", "auto"
+    env = toolgym.make("PythonREPL-v0", sandbox="docker")   # or "process", "ray", "local", "auto"
     env.reset(seed=0)
     env.step(toolgym.ToolCall("run", {"code": "1 + 1"}))
     env.isolation      # what the sandbox actually got: network, filesystem, limits, user
@@ -19,7 +19,7 @@ from toolgym.envs.stepping import as_environment
 if TYPE_CHECKING:
     from toolgym.sandbox.remote import Backend
 
-BACKENDS = ("local", "process", "docker", "auto")
+BACKENDS = ("local", "process", "docker", "ray", "auto")
 
 
 def backend(name: str | Backend) -> Backend | None:
@@ -36,6 +36,10 @@ def backend(name: str | Backend) -> Backend | None:
         from toolgym.sandbox.docker import DockerBackend
 
         return DockerBackend()
+    if name == "ray":  # a Ray actor per instance: RAY_ADDRESS's cluster, else a local Ray
+        from toolgym.sandbox.ray_backend import RayBackend
+
+        return RayBackend()
     if name == "auto":
         return strongest_backend()
     raise ValueError(f"unknown sandbox {name!r}; expected one of {', '.join(BACKENDS)}")
@@ -74,6 +78,7 @@ def __getattr__(name: str) -> Any:
         "ProcessBackend": "process",
         "ProcessLimits": "process",
         "DockerBackend": "docker",
+        "RayBackend": "ray_backend",
         "SandboxPool": "pool",
     }
     if name not in homes:

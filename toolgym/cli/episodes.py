@@ -13,6 +13,7 @@ from toolgym.agents.limits import AgentLimits
 from toolgym.agents.trajectory import save_jsonl, summarize
 from toolgym.cli.env_spec import ResolvedEnv, read_rows, resolve_env
 from toolgym.cli.errors import CLIError
+from toolgym.sandbox import BACKENDS
 
 ENV_HELP = (
     "a registered id (e.g. Wordle-v0), path/to/file.py:Class, or module:attr (an environment "
@@ -211,7 +212,7 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sandbox",
         default=None,
-        choices=["local", "process", "docker", "auto"],
+        choices=list(BACKENDS),
         help="where the environments live (default: the environment's registered choice; "
         "local for a class)",
     )

@@ -429,7 +429,6 @@ def install_filter(no_new_processes: bool = True) -> str | None:
     root, where RLIMIT_NPROC does not apply.
     """
     import ctypes
-    import errno
 
     try:
         lib = ctypes.CDLL(_libseccomp_path(), use_errno=True)
@@ -444,7 +443,6 @@ def install_filter(no_new_processes: bool = True) -> str | None:
             ("datum_b", ctypes.c_uint64),
         ]
 
-    allow, not_equal, masked_eq, clone_thread = 0x7FFF0000, 1, 7, 0x00010000
     lib.seccomp_init.restype = ctypes.c_void_p
     lib.seccomp_init.argtypes = [ctypes.c_uint32]
     lib.seccomp_rule_add_array.argtypes = [
@@ -456,36 +454,39 @@ def install_filter(no_new_processes: bool = True) -> str | None:
     ]
     lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
     lib.seccomp_load.argtypes = lib.seccomp_release.argtypes = [ctypes.c_void_p]
-
-    def deny(code: int) -> int:
-        return 0x00050000 | code  # SCMP_ACT_ERRNO(code)
-
-    rules: list[tuple[str, int, ArgCompare | None]] = [
-        (name, getattr(errno, code), None) for name, code in HARDENING_RULES
-    ]
-    rules += [("prlimit64", errno.EPERM, ArgCompare(0, not_equal, 0, 0))]
-    if no_new_processes:
-        rules += [("fork", errno.EAGAIN, None), ("vfork", errno.EAGAIN, None)]
-        rules += [("clone", errno.EAGAIN, ArgCompare(0, masked_eq, clone_thread, 0))]
-        rules += [("clone3", errno.ENOSYS, None)]  # libc falls back to clone for threads
-    context = lib.seccomp_init(allow)
+    context = lib.seccomp_init(0x7FFF0000)  # SCMP_ACT_ALLOW
     if not context:
         return "seccomp_init failed"
     try:
-        for name, code, compare in rules:
+        for name, code, compare in _filter_rules(no_new_processes):
             number = lib.seccomp_syscall_resolve_name(name.encode())
             if number < 0:  # a libseccomp older than the call: nothing to refuse
                 continue
-            pointer = ctypes.byref(compare) if compare is not None else None
-            if lib.seccomp_rule_add_array(
-                context, deny(code), number, int(compare is not None), pointer
-            ):
+            pointer = ctypes.byref(ArgCompare(*compare, 0)) if compare else None
+            deny = 0x00050000 | code  # SCMP_ACT_ERRNO(code)
+            if lib.seccomp_rule_add_array(context, deny, number, int(bool(compare)), pointer):
                 return f"seccomp rule for {name} failed"
         if lib.seccomp_load(context):
             return "seccomp_load failed"
     finally:
         lib.seccomp_release(context)
     return None
+
+
+def _filter_rules(no_new_processes: bool) -> list[tuple[str, int, tuple[int, int, int] | None]]:
+    """(system call, errno, (argument, comparison, value) or None) for each refusal."""
+    import errno
+
+    not_equal, masked_eq, clone_thread = 1, 7, 0x00010000
+    rules: list[tuple[str, int, tuple[int, int, int] | None]] = [
+        (name, getattr(errno, code), None) for name, code in HARDENING_RULES
+    ]
+    rules += [("prlimit64", errno.EPERM, (0, not_equal, 0))]  # pid 0: the caller itself
+    if no_new_processes:
+        rules += [("fork", errno.EAGAIN, None), ("vfork", errno.EAGAIN, None)]
+        rules += [("clone", errno.EAGAIN, (0, masked_eq, clone_thread))]
+        rules += [("clone3", errno.ENOSYS, None)]  # libc falls back to clone for threads
+    return rules
 
 
 @functools.cache

@@ -63,9 +63,10 @@ def _ray() -> Any:
 
 
 class ActorLost(SandboxError):
-    """The sandbox's Ray actor is gone: killed, or its node died (the infrastructure's doing,
-    though `RemoteExecutor.run` marks any failure of a worker that lived up to the call as
-    `model_caused`)."""
+    """The sandbox's Ray actor is gone: killed, or its node died: the infrastructure's doing,
+    never the model's (the episode is left out of baselines and the loss)."""
+
+    infrastructure = True
 
 
 @dataclass

@@ -45,6 +45,9 @@ class SandboxError(RuntimeError):
     crippled the worker, or slept past the limit). Such an episode is the model's outcome and
     stays in the loss; other sandbox failures (a worker that never started) are the
     infrastructure's."""
+    infrastructure: bool = False
+    """Known to be the infrastructure's whatever the call was doing (a lost node or Ray
+    actor): never `model_caused`."""
 
 
 class SandboxTimeout(SandboxError, TimeoutError):
@@ -267,7 +270,7 @@ class RemoteExecutor(Executor):
         except RemoteError:
             raise  # the environment's own code raised: not the model's doing
         except SandboxError as error:
-            error.model_caused = lived  # a worker that lived up to the model's call
+            error.model_caused = lived and not error.infrastructure  # it lived up to the call
             raise
         return ToolResult(call, value["content"], value["failure"])
 

@@ -141,7 +141,10 @@ class DockerLimits:
     cpus: float = 1.0
     """CPU share (cores)."""
     tmp_bytes: int = 64 << 20
-    """Size of the writable /tmp (tmpfs)."""
+    """Size of the writable /tmp (tmpfs), and of /dev/shm."""
+    tmp_inodes: int = 16384
+    """Files and folders /tmp and /dev/shm may hold each (empty files cost kernel memory
+    their size does not count)."""
 
 
 @dataclass
@@ -181,7 +184,11 @@ class DockerBackend:
             user="65534:65534",
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
-            tmpfs={"/tmp": f"size={limits.tmp_bytes},mode=1777"},
+            tmpfs={
+                path: f"size={limits.tmp_bytes},nr_inodes={limits.tmp_inodes},mode=1777"
+                for path in ("/tmp", "/dev/shm")
+            },
+            hostname="sandbox",
             volumes=mounts,
             environment={
                 "PYTHONPATH": ":".join(paths),
@@ -233,6 +240,7 @@ class DockerBackend:
                 "processes": limits.pids,
                 "cpus": limits.cpus,
                 "tmp_bytes": limits.tmp_bytes,
+                "tmp_inodes": limits.tmp_inodes,
             },
             user="65534:65534 (nobody), no capabilities",
         )

@@ -57,6 +57,7 @@ def capped(calls: Iterable[AnyCall], text: str = "") -> list[AnyCall]:
 
 
 def too_many_calls() -> str:
+    """The error of the malformed call that stands for the calls past `MAX_CALLS`."""
     return f"more than {MAX_CALLS} tool calls in one message: the rest were not read"
 
 

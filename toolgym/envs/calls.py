@@ -28,7 +28,16 @@ FailureKind = Literal[
     "tool_exception",
     "bad_result",
     "episode_over",
+    # a call the executor could not finish; each ends the episode (`Stepper.ended`) and is
+    # also the episode's status (`toolgym.agents.trajectory.Status`):
+    "tool_timeout",  # past its own or its turn's time limit: the model's outcome
+    "tool_crash",  # the model's call killed or crippled its sandbox worker: the model's outcome
+    "env_error",  # the executor failed for a reason the model cannot cause
 ]
+
+EPISODE_OVER = "the episode is over"
+"""What a call after the end of its episode is told (`episode_over`): the environment graded
+already, and nothing after the end reaches it."""
 
 
 class ToolError(Exception):

@@ -18,6 +18,7 @@ import codeop
 import warnings
 from typing import Any, ClassVar
 
+from toolgym.envs.calls import EPISODE_OVER
 from toolgym.envs.inline import InlineStep
 from toolgym.envs.python_repl import PythonREPL
 
@@ -64,7 +65,10 @@ class PythonLines(PythonREPL):
         ] or None
 
     def inline_step(self, text: str) -> InlineStep:
-        """Run the statement this line completes; its output is the observation."""
+        """Run the statement this line completes; its output is the observation. Once the
+        episode is done (after `submit`), nothing runs and nothing is graded again."""
+        if self.done:
+            return InlineStep(f"{EPISODE_OVER}\n", done=True, failed=True)
         self.pending += text if text.endswith("\n") else text + "\n"
         source = self.pending
         try:
@@ -111,6 +115,8 @@ class PythonLines(PythonREPL):
         return InlineStep(observation, self.error_reward if failed else 0.0, failed=failed)
 
     def _submit(self, argument: str) -> InlineStep:
+        if self.done or self.submitted is not None:  # graders grade once
+            return InlineStep(f"{EPISODE_OVER}\n", done=True, failed=True)
         try:
             output = self.session.run(argument)
         except Exception as error:

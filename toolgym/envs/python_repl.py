@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from toolgym.envs.calls import EPISODE_OVER, ToolError
 from toolgym.envs.core import Environment
 from toolgym.envs.python_session import OUTPUT_LIMIT, PythonSession
 
@@ -58,6 +59,8 @@ class PythonREPL(Environment):
         """
         if self.session is None:
             raise RuntimeError("call reset() before run()")
+        if self.done:
+            raise ToolError(f"{EPISODE_OVER}; no more code runs")
         output = self.session.run(code)
         parts = [f"stdout:\n{output.stdout}"]
         if output.stderr:
@@ -69,7 +72,9 @@ class PythonREPL(Environment):
         return "\n".join(parts)
 
     def final_answer(self, text: str) -> None:
-        if self.answer is not None:
+        """Grade the model's answer against the row's, once: after the episode is done, a
+        later answer changes nothing."""
+        if self.answer is not None and not self.done:
             self.reward = float(text.strip() == self.answer.strip())
             self.done = True
 

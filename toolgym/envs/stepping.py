@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Iterable
 from typing import Any, Protocol
 
 from toolgym.envs.calls import (
+    EPISODE_OVER,
     AnyToolCall,
+    FailureKind,
     MalformedToolCall,
     PreparedCall,
     StepResult,
@@ -31,7 +34,13 @@ from toolgym.envs.calls import (
     run_coroutine,
 )
 from toolgym.envs.inline import InlineStep, as_inline_step
-from toolgym.envs.tools import Tool, ToolArgumentError, decode_arguments, tool_table
+from toolgym.envs.tools import (
+    Tool,
+    ToolArgumentError,
+    decode_arguments,
+    marked_ends_episode,
+    tool_table,
+)
 
 
 class Executor(Protocol):
@@ -91,6 +100,11 @@ class LocalExecutor(Executor):
             )
         self.instance = instance
         self.target = type(instance)
+        self.answered = False
+        """A tool marked `ends_episode` succeeded, or `final_answer` was given: the episode is
+        over. With the instance's own `done`, it makes this executor refuse later calls (also
+        inside a sandbox worker, which runs calls through a `LocalExecutor`): an environment
+        grades once."""
 
     @property
     def max_turns(self) -> int | None:
@@ -104,17 +118,26 @@ class LocalExecutor(Executor):
     def reset(self, row: dict[str, Any]) -> str | None:
         """Call the instance's `reset` with the columns it accepts (a plain class's `done`
         is cleared first, as an `Environment` clears its own)."""
+        self.begin_episode()
         if hasattr(self.instance, "done"):
             with contextlib.suppress(AttributeError):  # a read-only property
                 self.instance.done = False
         observation = self.instance.reset(**accepted_kwargs(self.instance.reset)(row))
         return _resolved(observation)
 
+    def begin_episode(self) -> None:
+        """Forget the last episode's answer (`reset`, and `Stepper.begin_episode`)."""
+        self.answered = False
+
     def run(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
-        return self._prepared(call, arguments).run()
+        if self._over():
+            return _episode_over(call)
+        return self._noted(self._prepared(call, arguments).run())
 
     async def arun(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
-        return await self._prepared(call, arguments).arun()
+        if self._over():
+            return _episode_over(call)
+        return self._noted(await self._prepared(call, arguments).arun())
 
     def reward(self) -> float:
         get_reward = getattr(self.instance, "get_reward", None)
@@ -126,9 +149,14 @@ class LocalExecutor(Executor):
         return bool(getattr(self.instance, "done", False))
 
     def final_answer(self, text: str) -> None:
+        if self._over():
+            return  # graded already: an answer after the end changes nothing
+        self.answered = True
         self._optional("final_answer", text)
 
     def inline(self, text: str) -> InlineStep:
+        if self._over():
+            return InlineStep(f"{EPISODE_OVER}\n", done=True, failed=True)
         return as_inline_step(_resolved(self.instance.inline_step(text)))
 
     def demonstration(self) -> list[list[ToolCall]] | None:
@@ -143,6 +171,16 @@ class LocalExecutor(Executor):
     def _prepared(self, call: ToolCall, arguments: dict[str, Any]) -> PreparedCall:
         return PreparedCall(call, getattr(self.instance, call.name), arguments)
 
+    def _over(self) -> bool:
+        return self.answered or self.done()
+
+    def _noted(self, result: ToolResult) -> ToolResult:
+        # the mark itself, not the tool table: a worker may lack what builds schemas
+        name = getattr(result.call, "name", "")
+        if result.ok and marked_ends_episode(getattr(self.target, name, None)):
+            self.answered = True
+        return result
+
     def _optional(self, name: str, *args: Any) -> Any:
         method = getattr(self.instance, name, None)
         return _resolved(method(*args)) if callable(method) else None
@@ -151,6 +189,25 @@ class LocalExecutor(Executor):
 def _resolved(value: Any) -> Any:
     """`value`, or what it resolves to if it is a coroutine (async protocol methods)."""
     return run_coroutine(value) if asyncio.iscoroutine(value) else value
+
+
+def _episode_over(call: ToolCall | MalformedToolCall) -> ToolResult:
+    return ToolResult(
+        call, f"Error: {EPISODE_OVER}; no more tool calls are accepted.", "episode_over"
+    )
+
+
+def failure_status(error: BaseException) -> FailureKind:
+    """The episode status of an executor's failure during one of the model's calls.
+
+    An error the sandbox marks `model_caused` (the worker was alive when the model's call
+    began and died, broke the protocol or ran out of time while running it) is the model's
+    outcome: `tool_timeout` for a timeout, `tool_crash` for the rest. Anything else (a worker
+    that never started, a lost node, the environment's own code failing) is `env_error`.
+    Duck-typed: the sandbox room's `SandboxError` carries `model_caused` (no import here)."""
+    if getattr(error, "model_caused", False) and not getattr(error, "infrastructure", False):
+        return "tool_timeout" if isinstance(error, TimeoutError) else "tool_crash"
+    return "env_error"
 
 
 class Stepper:
@@ -170,6 +227,10 @@ class Stepper:
         """A tool marked `ends_episode` succeeded: the model answered."""
         self.started = False
         """Whether an episode was started (stepping before `reset` is a programming error)."""
+        self.ended: tuple[FailureKind, str] | None = None
+        """The failure that ended the episode during a call, as (status, what happened): the
+        executor failed (`failure_status`) or a call ran past its time limit (`astep`); later
+        calls are refused."""
 
     # -- the episode ---------------------------------------------------------------------------
     def reset(self, seed: int | None = None, **row: Any) -> str | None:
@@ -182,6 +243,10 @@ class Stepper:
     def begin_episode(self) -> None:
         """Clear the turn count (called by `reset`, and by `Environment.reset` itself)."""
         self.turn, self.truncated, self.answered, self.started = 0, False, False, True
+        self.ended = None
+        begin = getattr(self.executor, "begin_episode", None)
+        if callable(begin):
+            begin()
 
     @property
     def tools(self) -> list[dict[str, Any]]:
@@ -217,7 +282,12 @@ class Stepper:
         return self.executor.reward()
 
     def final_answer(self, text: str) -> None:
-        """Hand the model's last message (an answer without tool calls) to the environment."""
+        """Hand the model's last message (an answer without tool calls) to the environment,
+        once: after it, or once the episode is over, nothing reaches the environment (graders
+        grade once)."""
+        if self._is_over():
+            return
+        self.answered = True
         self.executor.final_answer(text)
 
     def demonstration(self) -> list[list[ToolCall]] | None:
@@ -235,20 +305,26 @@ class Stepper:
 
     def inline_step(self, text: str) -> InlineStep:
         """Hand the text the model wrote since the last marker to the environment; counts a
-        turn (so the environment's `max_turns` applies) and returns its answer."""
-        self._begin_inline()
+        turn (so the environment's `max_turns` applies) and returns its answer. Once the
+        episode is over the text does not reach the environment: the answer says so (done)."""
+        if self._begin_inline():
+            return InlineStep(f"{EPISODE_OVER}\n", done=True, failed=True)
         return self._end_inline(self.executor.inline(text))
 
     async def ainline_step(self, text: str) -> InlineStep:
         """Like `inline_step`, without blocking the event loop."""
-        self._begin_inline()
+        if self._begin_inline():
+            return InlineStep(f"{EPISODE_OVER}\n", done=True, failed=True)
         return self._end_inline(await asyncio.to_thread(self.executor.inline, text))
 
-    def _begin_inline(self) -> None:
+    def _begin_inline(self) -> bool:
+        """Count a turn; True if the episode is over (nothing may run)."""
         if not self.started:
             raise RuntimeError(f"{self.executor.target.__name__}: call reset() before stepping")
-        if not self._is_over():
-            self.turn += 1
+        if self._is_over():
+            return True
+        self.turn += 1
+        return False
 
     def _end_inline(self, step: InlineStep) -> InlineStep:
         if self.max_turns is not None and self.turn >= self.max_turns and not self.done:
@@ -269,26 +345,72 @@ class Stepper:
     # -- stepping ------------------------------------------------------------------------------
     def step(self, tool_calls: AnyToolCall | Iterable[AnyToolCall]) -> StepResult:
         """Run one turn's tool calls in order and answer each with a tool message. Whatever the
-        model sent, every call gets a message (an error it can read), never an exception."""
-        calls, reward_before = self._begin_step(tool_calls)
-        results = []
-        for call in calls:
-            checked = self._check(call)
-            result = checked if isinstance(checked, ToolResult) else self.executor.run(*checked)
-            results.append(self._note_answer(result))
-        return self._end_step(results, reward_before)
+        model sent, every call gets a message (an error it can read), never an exception.
 
-    async def astep(self, tool_calls: AnyToolCall | Iterable[AnyToolCall]) -> StepResult:
-        """Like `step`, without blocking the event loop."""
+        Once the episode is over (the environment is `done`, an `ends_episode` tool answered,
+        the turn limit, or a failure ended it) no call reaches the environment: each gets an
+        `episode_over` error and the reward cannot change. An executor that fails during a
+        call (a sandbox worker that died or timed out) is not an exception either: that call's
+        result names the failure, the episode ends (`terminated`), and `info["ended"]` holds
+        its status (`failure_status`) and `info["error"]` what happened."""
         calls, reward_before = self._begin_step(tool_calls)
         results = []
         for call in calls:
             checked = self._check(call)
             if isinstance(checked, ToolResult):
                 results.append(checked)
-            else:
-                results.append(self._note_answer(await self.executor.arun(*checked)))
+                continue
+            try:
+                result = self.executor.run(*checked)
+            except Exception as error:
+                result = self._failed(checked[0], failure_status(error), _describe(error))
+            results.append(self._note_answer(result))
         return self._end_step(results, reward_before)
+
+    async def astep(
+        self,
+        tool_calls: AnyToolCall | Iterable[AnyToolCall],
+        *,
+        call_timeout: float | None = None,
+        turn_timeout: float | None = None,
+    ) -> StepResult:
+        """Like `step`, without blocking the event loop; with time limits for each call
+        (`call_timeout` seconds) and for the turn's calls together (`turn_timeout`). A call
+        past either limit is the model's doing (its code slept or spun, or it made calls
+        that add up): it is stopped (a sandbox worker is killed; a sync tool's thread is left
+        to finish), its result says why, and the episode ends with `info["ended"]` =
+        `tool_timeout`."""
+        calls, reward_before = self._begin_step(tool_calls)
+        deadline = None if turn_timeout is None else time.monotonic() + turn_timeout
+        results = []
+        for call in calls:
+            checked = self._check(call)
+            if isinstance(checked, ToolResult):
+                results.append(checked)
+                continue
+            name = checked[0].name
+            limit, why = _call_limit(call_timeout, turn_timeout, deadline)
+            if limit is not None and limit <= 0:  # the turn's time is spent: do not start it
+                results.append(self._failed(checked[0], "tool_timeout", f"{name} {why}"))
+                continue
+            scope = asyncio.timeout(limit)
+            try:
+                async with scope:
+                    result = await self.executor.arun(*checked)
+            except TimeoutError as error:
+                if scope.expired() and not hasattr(error, "model_caused"):
+                    result = self._failed(checked[0], "tool_timeout", f"{name} {why}")
+                else:
+                    result = self._failed(checked[0], failure_status(error), _describe(error))
+            except Exception as error:
+                result = self._failed(checked[0], failure_status(error), _describe(error))
+            results.append(self._note_answer(result))
+        return self._end_step(results, reward_before)
+
+    def _failed(self, call: ToolCall, status: FailureKind, what: str) -> ToolResult:
+        """A call the executor could not finish: the episode ends with `status`."""
+        self.ended = (status, what)
+        return ToolResult(call, f"Error: {what}. The episode is over.", status)
 
     def _note_answer(self, result: ToolResult) -> ToolResult:
         tool = self.table.get(getattr(result.call, "name", ""))
@@ -297,7 +419,7 @@ class Stepper:
         return result
 
     def _is_over(self) -> bool:
-        return self.done or self.truncated or self.answered
+        return self.ended is not None or self.done or self.truncated or self.answered
 
     def _begin_step(
         self, tool_calls: AnyToolCall | Iterable[AnyToolCall]
@@ -320,11 +442,13 @@ class Stepper:
             "tool_failures": len(failures),
             "failures": [{"kind": r.failure, "message": r.content} for r in failures],
             "answered": self.answered,
+            "ended": None if self.ended is None else self.ended[0],
+            "error": None if self.ended is None else self.ended[1],
         }
         return StepResult(
             messages=[r.message for r in results],
             reward=self.get_reward() - reward_before,
-            terminated=done or self.answered,
+            terminated=done or self.answered or self.ended is not None,
             truncated=self.truncated,
             info=info,
             results=results,
@@ -339,14 +463,13 @@ class Stepper:
                 call, f"Error: could not parse the tool call: {call.reason}", "malformed"
             )
         if self._is_over():
-            why = (
-                "the episode is over"
-                if self.done or self.answered
-                else "the turn limit was reached"
-            )
-            return ToolResult(
-                call, f"Error: {why}; no more tool calls are accepted.", "episode_over"
-            )
+            if self.truncated and not (self.done or self.answered or self.ended):
+                return ToolResult(
+                    call,
+                    "Error: the turn limit was reached; no more tool calls are accepted.",
+                    "episode_over",
+                )
+            return _episode_over(call)
         table = self.table
         tool = table.get(call.name)
         if tool is None:
@@ -365,6 +488,25 @@ class Stepper:
                 "invalid_arguments",
             )
         return call, arguments
+
+
+def _call_limit(
+    call_timeout: float | None, turn_timeout: float | None, deadline: float | None
+) -> tuple[float | None, str]:
+    """The seconds the next call may take, and what passing them means (for its message)."""
+    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+    if left is not None and (call_timeout is None or left < call_timeout):
+        return (
+            left,
+            f"ran past the turn's time limit: the turn's calls took over {turn_timeout:g} s",
+        )
+    if call_timeout is None:
+        return None, ""
+    return call_timeout, f"took over {call_timeout:g} s, the time limit of one tool call"
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
 
 
 def as_environment(obj: Any) -> Any:

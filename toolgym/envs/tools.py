@@ -91,7 +91,7 @@ def make_tool(function: Callable[..., Any], owner: str = "") -> Tool:
         function=function,
         schema=schema,
         arguments_model=_arguments_model(function, parameters, qualified),
-        ends_episode=bool(getattr(function, _ENDS_EPISODE, False)),
+        ends_episode=marked_ends_episode(function),
     )
 
 
@@ -107,6 +107,12 @@ def ends_episode(function: Callable[..., Any]) -> Callable[..., Any]:
     """
     setattr(function, _ENDS_EPISODE, True)
     return function
+
+
+def marked_ends_episode(function: Any) -> bool:
+    """Whether `function` (a method, bound or not) is marked with `ends_episode`; standard
+    library only, so a sandbox worker can ask without building the tool table."""
+    return bool(getattr(function, _ENDS_EPISODE, False))
 
 
 def public_methods(cls: type, exclude: set[str]) -> dict[str, Callable[..., Any]]:

@@ -15,10 +15,11 @@ Everything goes through the episode's own machinery: requests join the agent's b
 the engine's continuous batching), `AgentLimits` apply (`max_turns` counts `generate` calls,
 the token budget and the context length count every token), tokens are never re-tokenized,
 and failures end the episode with the usual statuses: a limit gives `length` (also when the
-last `generate` stopped at `max_new_tokens`) or `max_turns`, a tool that hangs
-`tool_timeout`, the engine `engine_error`, and an exception in the function or the
-environment `env_error`. The episode's reward is the environment's
-`get_reward()` after the function returns.
+last `generate` stopped at `max_new_tokens`) or `max_turns`, tool calls past their time
+limits `tool_timeout`, a call that kills its sandbox worker `tool_crash`, too many calls in
+one `step` `too_many_calls` (the model's outcomes, in the loss), the engine `engine_error`,
+and an exception in the function or the environment `env_error`. The episode's reward is the
+environment's `get_reward()` after the function returns.
 """
 
 from __future__ import annotations
@@ -124,9 +125,23 @@ class RolloutContext:
         trajectory.append(ids, sampled=False)
 
     async def step(self, tool_calls: Any) -> StepResult:
-        """Run tool calls on the environment under the agent's `tool_timeout` (a hang ends
-        the episode with `tool_timeout`, an environment failure with `env_error`)."""
-        return await self._episode.call_tools(tool_calls)
+        """Run one turn's tool calls on the environment under the agent's limits: a call
+        past `tool_call_timeout` or a turn past `tool_timeout` ends the episode with
+        `tool_timeout`, a call that kills its sandbox worker with `tool_crash`, more than
+        `max_tool_calls_per_turn` calls with `too_many_calls`, an environment failure with
+        `env_error` (each raises `EpisodeEnd`)."""
+        step = await self._episode.call_tools(tool_calls)
+        end_if_failed(step)
+        return step
+
+
+def end_if_failed(step: Any) -> None:
+    """Raise `EpisodeEnd` with the status of a failure that ended the episode during a step
+    (`StepResult.info["ended"]`: a call past its time limit, a sandbox worker the call
+    killed, an executor that failed), after its messages were kept."""
+    ended = step.info.get("ended")
+    if ended:
+        raise EpisodeEnd(ended, step.info.get("error"))
 
 
 RolloutFn = Callable[[RolloutContext, Any], Awaitable[Trajectory]]

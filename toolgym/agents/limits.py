@@ -31,8 +31,24 @@ class AgentLimits:
     tool_timeout: float = field(
         default=30.0,
         metadata={
-            "help": "seconds one turn's tool calls may take; the episode ends with status "
-            "tool_timeout past it"
+            "help": "seconds one turn's tool calls may take together (also an inline step or "
+            "a final answer); past it the episode ends with status tool_timeout, the model's "
+            "outcome (in the loss)"
+        },
+    )
+    tool_call_timeout: float = field(
+        default=30.0,
+        metadata={
+            "help": "seconds one tool call may take; past it the call is stopped and the "
+            "episode ends with status tool_timeout, the model's outcome (in the loss)"
+        },
+    )
+    max_tool_calls_per_turn: int = field(
+        default=32,
+        metadata={
+            "help": "tool calls one assistant turn may make; a turn with more runs none of "
+            "them and ends the episode with status too_many_calls, the model's outcome "
+            "(in the loss)"
         },
     )
 

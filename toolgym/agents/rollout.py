@@ -19,15 +19,21 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from toolgym.agents.chat import ChatRenderer
-from toolgym.agents.custom import EpisodeEnd, RolloutContext, RolloutFn
+from toolgym.agents.custom import EpisodeEnd, RolloutContext, RolloutFn, end_if_failed
 from toolgym.agents.engines.base import Completion, Engine, GenerationRequest, SamplingParams
 from toolgym.agents.inline import observation_ids
 from toolgym.agents.limits import AgentLimits
 from toolgym.agents.parsers import ParsedMessage, Parser, get_parser, type_arguments
 from toolgym.agents.trajectory import Status, Trajectory
-from toolgym.envs.calls import MalformedToolCall, ToolCall, as_episode_metrics, run_coroutine
+from toolgym.envs.calls import (
+    MalformedToolCall,
+    ToolCall,
+    as_call_list,
+    as_episode_metrics,
+    run_coroutine,
+)
 from toolgym.envs.inline import InlineStep
-from toolgym.envs.stepping import as_environment
+from toolgym.envs.stepping import Stepper, as_environment, failure_status
 from toolgym.envs.tools import valid_text
 
 Row = dict[str, Any]
@@ -361,6 +367,7 @@ class Episode:
             trajectory.messages.extend(step.messages)
             for message in step.messages:
                 self.on_message(message)
+            end_if_failed(step)
             if step.terminated:
                 return "finished" if step.info.get("answered") else "env_done"
             if step.truncated:
@@ -488,25 +495,54 @@ class Episode:
             self.metrics["generation_seconds"] += time.perf_counter() - started
 
     async def call_tools(self, calls: Any) -> Any:
-        """The environment's `astep` under the tool timeout; counts calls and failures."""
-        step = await self._env_call(self.env.astep(calls), "tool calls")
+        """The environment's `astep` under the limits of one turn; counts calls and failures.
+
+        A turn of more than `max_tool_calls_per_turn` calls runs none of them (the episode
+        ends `too_many_calls`). Each call runs under `tool_call_timeout` and the turn's calls
+        together under `tool_timeout` (enforced by the environment's `Stepper`, which answers
+        a call past its limit and ends the episode; `end_if_failed` raises its status)."""
+        calls = as_call_list(calls)
+        limits = self.limits
+        if len(calls) > limits.max_tool_calls_per_turn:
+            raise EpisodeEnd(
+                "too_many_calls",
+                f"{len(calls)} tool calls in one turn; at most "
+                f"{limits.max_tool_calls_per_turn} (AgentLimits.max_tool_calls_per_turn)",
+            )
+        stepper = _own_stepper(self.env)
+        if stepper is not None:
+            work = stepper.astep(
+                calls, call_timeout=limits.tool_call_timeout, turn_timeout=limits.tool_timeout
+            )
+            # the Stepper keeps the limits; this one only stops an event loop held too long
+            backstop = limits.tool_timeout + min(limits.tool_timeout, 5.0)
+        else:
+            work, backstop = self.env.astep(calls), limits.tool_timeout
+        step = await self._env_call(work, "tool calls", backstop)
         self.metrics["tool_calls"] += step.info["tool_calls"]
         self.metrics["tool_failures"] += step.info["tool_failures"]
         return step
 
-    async def _env_call(self, call: Awaitable[T], what: str) -> T:
-        """An environment coroutine under the tool timeout, its time counted as tool time: a
-        hang ends the episode `tool_timeout`, an exception `env_error` (model mistakes never
-        raise out of the environment; this is the environment itself failing)."""
+    async def _env_call(self, call: Awaitable[T], what: str, timeout: float | None = None) -> T:
+        """One of the model's calls into the environment (its tool calls, its text for
+        `inline_step` or `final_answer`) under the tool timeout, its time counted as tool
+        time. A hang is the model's `tool_timeout`; an exception the sandbox marks as the
+        model's doing (`model_caused`) is `tool_crash` (a timeout it marks so,
+        `tool_timeout`); any other exception is the environment itself failing, `env_error`
+        (model mistakes never raise out of the environment)."""
         started = time.perf_counter()
+        if timeout is None:  # one call: its own limit and the turn's
+            timeout = min(self.limits.tool_call_timeout, self.limits.tool_timeout)
         try:
-            return await asyncio.wait_for(call, self.limits.tool_timeout)
+            return await asyncio.wait_for(call, timeout)
         except TimeoutError as error:
-            raise EpisodeEnd(
-                "tool_timeout", f"{what} took over {self.limits.tool_timeout} s"
-            ) from error
+            if getattr(error, "infrastructure", False):  # a lost node, not the model
+                raise EpisodeEnd("env_error", error) from error
+            if hasattr(error, "model_caused"):  # the sandbox's own limit on the request
+                raise EpisodeEnd("tool_timeout", error) from error
+            raise EpisodeEnd("tool_timeout", f"{what} took over {timeout:g} s") from error
         except Exception as error:
-            raise EpisodeEnd("env_error", error) from error
+            raise EpisodeEnd(failure_status(error), error) from error
         finally:
             self.metrics["tool_seconds"] += time.perf_counter() - started
 
@@ -527,7 +563,7 @@ class Episode:
         with reward 0 that names the call. An episode that already failed (its sandbox may be
         gone) gets no metrics."""
         read_metrics = getattr(self.env, "episode_metrics", None)
-        if trajectory.failed:  # the environment may be gone: keep the failure that ended it
+        if trajectory.ended_by_failure:  # the environment may be gone: keep the failure
             read_metrics = None
         what = "get_reward"
         try:
@@ -538,8 +574,8 @@ class Episode:
             if callable(read_metrics):
                 trajectory.env_metrics = as_episode_metrics(await self._read(read_metrics))
             trajectory.reward = reward
-        except TimeoutError:
-            trajectory.reward, trajectory.status = 0.0, "tool_timeout"
+        except TimeoutError:  # reading the outcome is not the model's doing
+            trajectory.reward, trajectory.status = 0.0, "env_error"
             trajectory.error = f"{what} took over {self.limits.tool_timeout} s"
         except Exception as error:
             trajectory.reward, trajectory.status = 0.0, "env_error"
@@ -575,6 +611,19 @@ class Episode:
         trajectory.metrics = self.metrics
         trajectory.row = {k: v for k, v in self.row.items() if _is_plain(v)}
         return trajectory
+
+
+def _own_stepper(env: Any) -> Stepper | None:
+    """The `Stepper` that steps `env` (itself, or an `Environment`'s own) when `env` does
+    not step some other way (an `astep` of its own), else None."""
+    if isinstance(env, Stepper):
+        return env
+    stepper = getattr(env, "stepper", None)
+    if isinstance(stepper, Stepper) and getattr(type(env).astep, "__qualname__", "") == (
+        "Environment.astep"
+    ):
+        return stepper
+    return None
 
 
 def _prompt_messages(prompt: Any, first_observation: str | None) -> list[dict[str, Any]]:

@@ -11,16 +11,44 @@ from pathlib import Path
 from typing import Any, Literal
 
 Status = Literal[
-    "finished",  # the model answered without a tool call
+    "finished",  # the model answered without a tool call, or through an `ends_episode` tool
     "env_done",  # the environment ended the episode (won, lost, solved)
     "max_turns",  # the agent's or the environment's turn limit
     "length",  # the episode token budget, the context length, or a turn's max_tokens
-    "tool_timeout",  # a tool call took longer than the agent's tool_timeout
-    "env_error",  # reset() or the environment itself failed (not a model mistake)
+    "tool_timeout",  # the model's tool calls ran past a time limit (one call's or the turn's)
+    "tool_crash",  # the model's call killed or crippled the worker running it
+    "too_many_calls",  # one turn asked for more tool calls than max_tool_calls_per_turn
+    "env_error",  # reset(), the reward, or the environment itself failed (not the model)
     "engine_error",  # the generation engine failed
 ]
+"""How an episode ended.
+
+What the model causes is the model's: every status but the infrastructure failures is an
+outcome of the policy, and enters the baselines and the loss with the reward the environment
+reports (typically 0 for an episode that failed; a dead sandbox worker's last reported
+reward). In particular (issue 32 item 5):
+
+- `tool_timeout` is the model's: its calls decide how long the tools run (code that sleeps
+  or spins, a call that waits on purpose, many calls that add up). It applies to each call
+  (`AgentLimits.tool_call_timeout`, and a sandbox's own per-request limit) and to a turn's
+  calls together (`AgentLimits.tool_timeout`), and to the model's text handed to
+  `inline_step` / `final_answer`. An environment whose tools can hang for reasons of its own
+  (a remote service) must bound them itself and report the failure in the result.
+- `tool_crash`: a sandbox worker that was alive when the model's call began and died, broke
+  the protocol or ran out of memory during it (`SandboxError.model_caused`): the model's code
+  exhausted memory, killed its worker, or wrote to the protocol channel.
+- `too_many_calls`: the turn is not run at all; the episode ends.
+
+Only failures the model cannot cause are `INFRASTRUCTURE_FAILURES`, left out of baselines and
+the loss (and counted): `env_error` (reset() failing, a worker that never started, a lost
+node or Ray actor, the reward or the episode metrics unreadable, the environment's own code
+raising outside a tool call) and `engine_error`.
+"""
 STATUSES: tuple[str, ...] = Status.__args__  # type: ignore[attr-defined]
-INFRASTRUCTURE_FAILURES = frozenset({"tool_timeout", "env_error", "engine_error"})
+INFRASTRUCTURE_FAILURES = frozenset({"env_error", "engine_error"})
+"""Statuses no policy can cause: excluded from baselines and the loss (`Trajectory.failed`)."""
+MODEL_FAILURES = frozenset({"tool_timeout", "tool_crash", "too_many_calls"})
+"""Failures the model's calls caused: in the loss, with the environment's reward."""
 
 
 @dataclass(frozen=True)
@@ -113,8 +141,15 @@ class Trajectory:
 
     @property
     def failed(self) -> bool:
-        """True for infrastructure failures, which a trainer leaves out of baselines and loss."""
+        """True for infrastructure failures, which a trainer leaves out of baselines and loss
+        (never for what the model caused: see `Status`)."""
         return self.status in INFRASTRUCTURE_FAILURES
+
+    @property
+    def ended_by_failure(self) -> bool:
+        """True when a failure ended the episode, the model's or the infrastructure's (its
+        environment may be gone: nothing more is read from it)."""
+        return self.status in INFRASTRUCTURE_FAILURES or self.status in MODEL_FAILURES
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (see `from_dict`)."""

@@ -1,9 +1,13 @@
 """Advantages from the rewards of groups of episodes that started from the same state.
 
-Trajectories that failed for infrastructure reasons (`Trajectory.failed`: env crash, tool
-timeout, engine error) carry no signal about the policy: they are left out of their group's
-baseline and get no advantage (they are also left out of the loss). A group with fewer than two
-valid members has no baseline and contributes nothing.
+Trajectories that failed for infrastructure reasons (`Trajectory.failed`: `env_error`, a
+reset or a worker that never started or a lost node, and `engine_error`) carry no signal about
+the policy: they are left out of their group's baseline and get no advantage (they are also
+left out of the loss). What the model caused stays in, with the reward its environment
+reports: `tool_timeout` (its calls ran past a time limit), `tool_crash` (its call killed its
+sandbox worker), `too_many_calls` (see `toolgym.agents.trajectory.Status`); a policy cannot
+drop its own bad episodes from the loss. A group with fewer than two valid members has no
+baseline and contributes nothing.
 """
 
 from __future__ import annotations

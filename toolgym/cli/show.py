@@ -15,7 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from toolgym.agents.trajectory import INFRASTRUCTURE_FAILURES, Trajectory
+from toolgym.agents.trajectory import INFRASTRUCTURE_FAILURES, MODEL_FAILURES, Trajectory
 
 CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 """C0 and C1 control characters but tab and newline: shown escaped (`\\x1b`)."""
@@ -33,8 +33,10 @@ STATUS_STYLES = {
     "env_done": "green",
     "max_turns": "yellow",
     "length": "yellow",
+    **dict.fromkeys(sorted(MODEL_FAILURES), "magenta"),
 }
-"""The style of the final line by status (infrastructure failures are red)."""
+"""The style of the final line by status: the model's failures (`tool_timeout`, `tool_crash`,
+`too_many_calls`: in the loss) magenta, infrastructure failures (left out of it) red."""
 
 
 def is_tool_failure(message: dict[str, Any]) -> bool:

@@ -193,7 +193,8 @@ const FIRST_KEYS = ["reward", "success_rate", "reward_std"];
 const PALETTE = ["#0b62c4", "#d4761c", "#1a7f37", "#8250df", "#cf222e", "#0a8a8a", "#9a6700", "#6e7781"];
 const STATUS_COLOURS = {
   env_done: "#1a7f37", finished: "#0b62c4", max_turns: "#d4761c", length: "#9a6700",
-  tool_timeout: "#cf222e", env_error: "#8250df", engine_error: "#6e7781",
+  tool_timeout: "#cf222e", tool_crash: "#a40e26", too_many_calls: "#bc4c00",
+  env_error: "#8250df", engine_error: "#6e7781",
 };
 
 async function loadMetrics() {

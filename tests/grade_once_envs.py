@@ -49,3 +49,23 @@ class Sleeper(toolgym.Environment):
         """
         time.sleep(seconds)
         return "slept"
+
+
+class InWorker(toolgym.Environment):
+    """Runs the model's code in the environment's own process (no session): inside a sandbox
+    only the sandbox stands between the code and the worker, which the code can end."""
+
+    runs_model_code = True
+
+    def reset(self) -> str | None:
+        return "Run code."
+
+    def run(self, code: str) -> str:
+        """Run Python code; the value of `result` is shown.
+
+        Args:
+            code: Python statements.
+        """
+        namespace: dict = {}
+        exec(code, namespace)
+        return str(namespace.get("result"))

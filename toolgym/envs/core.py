@@ -64,9 +64,13 @@ class Environment:
         """Start an episode from a dataset row's columns; a returned string is shown first.
 
         Subclasses override this with the columns they need (extra columns are not passed
-        to them) and do not need to call `super().reset()`.
+        to them) and do not need to call `super().reset()`; one that does keeps the episode's
+        seed (a `super().reset(...)` inside a reset does not start the episode again).
         """
-        self._start_episode(seed)
+        if not self._episode_starting:
+            self._start_episode(seed)
+        elif seed is not None:
+            self._rng = random.Random(seed)
         return None
 
     def close(self) -> None:
@@ -171,6 +175,12 @@ class Environment:
     def truncated(self, value: bool) -> None:
         self.stepper.truncated = value
 
+    @property
+    def _episode_starting(self) -> bool:
+        """Whether a `reset` of this instance is running (a `super().reset()` inside it
+        belongs to the same episode start)."""
+        return self.__dict__.get("_resetting", 0) > 0
+
     def _start_episode(self, seed: int | None) -> None:
         self._rng = random.Random(seed)
         self.reward = 0.0
@@ -184,13 +194,29 @@ def _with_episode_start(reset: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(reset)
     def reset_episode(self: Environment, seed: int | None = None, **row: Any) -> str | None:
+        if self._episode_starting:
+            # `super().reset(...)` from a subclass's reset: the same episode, already started
+            # and seeded; a seed passed explicitly reseeds `rng`, None keeps the episode's.
+            if seed is not None:
+                self._rng = random.Random(seed)
+            else:
+                seed = self.__dict__.get("_episode_seed")
+            return _resolved(reset(self, **pass_kwargs({**row, "seed": seed})))
         self._start_episode(seed)
-        observation = reset(self, **pass_kwargs({**row, "seed": seed}))
-        return run_coroutine(observation) if inspect.iscoroutine(observation) else observation
+        self._episode_seed = seed
+        self._resetting = 1
+        try:
+            return _resolved(reset(self, **pass_kwargs({**row, "seed": seed})))
+        finally:
+            self._resetting = 0
 
     # What callers see (functools.wraps would show the override's): the seed and any column.
     reset_episode.__signature__ = _RESET_SIGNATURE  # type: ignore[attr-defined]
     return reset_episode
+
+
+def _resolved(value: Any) -> Any:
+    return run_coroutine(value) if inspect.iscoroutine(value) else value
 
 
 def _reset_signature(self: Environment, seed: int | None = None, **row: Any) -> str | None: ...

@@ -274,3 +274,57 @@ def test_the_trainer_keeps_the_model_s_failures_in_the_loss_and_logs_them(tmp_pa
     print(metrics["statuses"], "excluded", metrics["excluded"])
     assert metrics["statuses"] == {"tool_timeout": 4, "env_error": 2}
     assert metrics["excluded"] == 2
+
+
+class ShapedSleeper(Sleeper):
+    """A shaped reward the model already holds before its call fails."""
+
+    def reset(self) -> str | None:
+        self.reward = 0.5
+        return "Sleep."
+
+
+def test_a_model_failure_keeps_the_environment_s_reward_or_the_set_penalty(tokenizer):
+    """By default the model's failure is scored with the environment's last reward; where
+    failing could pay more than a wrong answer, `model_failure_reward` replaces it."""
+    slow = reply(("sleep", {"seconds": 2}))
+    kept = play(tokenizer, ShapedSleeper(), slow, tool_call_timeout=0.2)
+    penalised = play(
+        tokenizer, ShapedSleeper(), slow, tool_call_timeout=0.2, model_failure_reward=-1.0
+    )
+    assert (kept.status, kept.reward) == ("tool_timeout", 0.5)
+    assert (penalised.status, penalised.reward) == ("tool_timeout", -1.0)
+    answered = play(tokenizer, ShapedSleeper(), "done<|im_end|>", model_failure_reward=-1.0)
+    assert (answered.status, answered.reward) == ("finished", 0.5)  # not a failure: untouched
+
+
+def test_the_penalty_is_a_cli_flag():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    AgentLimits.add_arguments(parser)
+    assert AgentLimits.from_arguments(parser.parse_args([])).model_failure_reward is None
+    args = parser.parse_args(["--model-failure-reward", "-1"])
+    assert AgentLimits.from_arguments(args).model_failure_reward == -1.0
+
+
+def test_parsing_runs_off_the_event_loop(tokenizer):
+    """A long hostile message must not stall the other episodes: the parser runs in a thread,
+    where no event loop is running."""
+    import asyncio
+
+    from toolgym.agents.parsers import ParsedMessage
+
+    seen = []
+
+    def parser(text: str) -> ParsedMessage:
+        try:
+            asyncio.get_running_loop()
+            seen.append("on the event loop")
+        except RuntimeError:
+            seen.append("in a thread")
+        return ParsedMessage(text)
+
+    agent = Agent(ScriptedEngine([ids(tokenizer, "hi<|im_end|>")]), tokenizer, parser=parser)
+    (trajectory,) = agent.run([Sleeper()], [{"prompt": "go"}])
+    assert trajectory.status == "finished" and seen == ["in a thread"]

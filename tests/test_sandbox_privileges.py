@@ -145,9 +145,11 @@ def test_a_worker_that_dies_at_start_says_why(tmp_path):
         RemoteEnvironment(Prober, backend=backend).reset()
 
 
-def test_a_nan_reward_is_an_env_error_not_a_poisoned_group():
-    """A reward that is not a finite number (code reaching the environment could set one)
-    ends the episode as env_error: excluded from the group's baseline, not NaN advantages."""
+def test_a_nan_reward_never_poisons_a_group():
+    """A reward that is not a finite number never reaches the advantages: locally the reward
+    check ends the episode env_error (the environment's own fault); in a sandbox the NaN
+    breaks the protocol during the model's call (code that reached the environment wrote it),
+    which is the model's `tool_crash`, scored with the last finite reward."""
     from helpers import ids
 
     from toolgym.agents import Agent, ScriptedEngine
@@ -155,12 +157,12 @@ def test_a_nan_reward_is_an_env_error_not_a_poisoned_group():
 
     tokenizer = tiny_tokenizer()
     reply = '<tool_call>\n{"name": "poison_reward", "arguments": {}}\n</tool_call><|im_end|>'
-    for backend in ("local", ProcessBackend()):
+    for backend, status in (("local", "env_error"), (ProcessBackend(), "tool_crash")):
         env = Prober() if backend == "local" else RemoteEnvironment(Prober, backend=backend)
         agent = Agent(ScriptedEngine([ids(tokenizer, reply)]), tokenizer, parser="hermes")
         agent.limits.max_turns = 1
         (trajectory,) = agent.run([env], [{"prompt": "go"}])
-        assert trajectory.status == "env_error", trajectory.error
+        assert trajectory.status == status, trajectory.error
         # locally the reward check says so; a sandbox's NaN breaks the protocol (no JSON)
         assert "not a finite number" in trajectory.error or "NaN" in trajectory.error
         assert trajectory.reward == 0.0
@@ -177,9 +179,10 @@ def test_a_worker_that_stops_reading_cannot_hang_the_host():
         env.reset()
         assert answer(env, "stop_reading")[0] == "deaf"
         started = time.monotonic()
-        with pytest.raises(SandboxError, match="stopped reading requests"):
-            env.step(toolgym.ToolCall("read", {"path": "x" * 300_000}))
+        result = env.step(toolgym.ToolCall("read", {"path": "x" * 300_000}))
         assert time.monotonic() - started < 20
+        assert result.info["ended"] == "tool_timeout", result.info  # the model's doing
+        assert "stopped reading requests" in result.info["error"]
         env.reset()
         assert answer(env, "exists", path="/tmp")[0] == "true"
     finally:

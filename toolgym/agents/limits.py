@@ -43,6 +43,15 @@ class AgentLimits:
             "episode ends with status tool_timeout, the model's outcome (in the loss)"
         },
     )
+    model_failure_reward: float | None = field(
+        default=None,
+        metadata={
+            "help": "reward of an episode the model's own failure ended (tool_timeout, "
+            "tool_crash, too_many_calls) in place of the environment's last reported one; "
+            "set it at or below a wrong answer's reward where failing could otherwise pay",
+            "type": float,
+        },
+    )
     max_tool_calls_per_turn: int = field(
         default=32,
         metadata={
@@ -58,7 +67,7 @@ class AgentLimits:
         for item in fields(cls):
             parser.add_argument(
                 f"--{item.name.replace('_', '-')}",
-                type=type(item.default),
+                type=item.metadata.get("type", type(item.default)),
                 default=item.default,
                 help=f"{item.metadata['help']} (default: {item.default})",
             )

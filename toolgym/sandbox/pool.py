@@ -9,7 +9,8 @@
     trainer = GRPOTrainer(model, env=pool.lease, ...)   # one lease per rollout
 
 A lease lasts at most `max_lease_seconds`; past that its worker is killed (the episode ends
-with `env_error`) and the instance is not reused. At most `max_instances` workers exist at
+with `env_error`, an infrastructure failure, even during a tool call) and the instance is not
+reused. At most `max_instances` workers exist at
 once; `lease` blocks (up to `timeout`) when all are out. An instance that fails its health
 check, or has served `max_uses` leases, is replaced. A start that fails is retried with
 backoff (1 s, doubling to 30 s); once `max_start_failures` starts in a row have failed and no
@@ -144,6 +145,18 @@ class SandboxPool:
     def leased(self) -> int:
         """Instances out on lease."""
         return len(self._leases)
+
+    def placement(self) -> dict[str, int]:
+        """Instances alive (idle and leased) per host: the Ray node's id for the `ray`
+        backend (`RayIsolation.node_id`), "local" for a backend of this machine."""
+        with self._changed:
+            everyone = list(self._idle) + [env for env, _ in self._leases.values()]
+        counts: dict[str, int] = {}
+        for env in everyone:
+            channel = getattr(env.executor, "channel", None)
+            node = getattr(getattr(channel, "isolation", None), "node_id", "") or "local"
+            counts[node] = counts.get(node, 0) + 1
+        return counts
 
     def close(self) -> None:
         """Stop every instance, leased ones included."""

@@ -7,8 +7,9 @@ environment has (`reset`, the class's tools and schemas, `reward`, `done`, `step
 worker.
 The host checks every tool call against the schemas (as for a local environment) and the
 worker only runs calls that passed. Every request has a timeout. A timeout or a dead worker
-raises `SandboxTimeout` / `SandboxError` (the agent ends the episode with `tool_timeout` /
-`env_error`), the worker is killed, and the next `reset` starts a fresh one.
+raises `SandboxTimeout` / `SandboxError`, the worker is killed, and the next `reset` starts a
+fresh one. The Stepper ends the episode with `tool_timeout` / `tool_crash` (the model's
+outcome, in the loss) when the worker failed during what the model sent, else `env_error`.
 """
 
 from __future__ import annotations
@@ -221,8 +222,9 @@ class Backend(Protocol):
 class RemoteExecutor(Executor):
     """The executor of an instance that lives in a worker: every request has a timeout, and
     the reward and `done` come back with each reply. A timeout or a dead worker raises
-    `SandboxTimeout` / `SandboxError` (the agent ends the episode with `tool_timeout` /
-    `env_error`); the next `reset` starts a fresh worker."""
+    `SandboxTimeout` / `SandboxError`, marked `model_caused` when it happened during what the
+    model sent (the Stepper turns that into `tool_timeout` / `tool_crash`, the model's outcome;
+    otherwise `env_error`); the next `reset` starts a fresh worker."""
 
     def __init__(
         self,
@@ -264,15 +266,22 @@ class RemoteExecutor(Executor):
         return observation
 
     def run(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
+        value = self._model_request("call", name=call.name, arguments=arguments)
+        return ToolResult(call, value["content"], value["failure"])
+
+    def _model_request(self, op: str, **fields: Any) -> Any:
+        """A request that carries what the model wrote (a call, an inline step, a final
+        answer): a worker that was alive before it and dies or times out during it marks the
+        SandboxError `model_caused`."""
         lived = self.channel is not None and self.channel.alive and not self.revoked
         try:
-            value = self.request("call", name=call.name, arguments=arguments)
+            return self.request(op, **fields)
         except RemoteError:
             raise  # the environment's own code raised: not the model's doing
         except SandboxError as error:
-            error.model_caused = lived and not error.infrastructure  # it lived up to the call
+            # it lived up to the call, and no pool revoked the lease meanwhile
+            error.model_caused = lived and not error.infrastructure and not self.revoked
             raise
-        return ToolResult(call, value["content"], value["failure"])
 
     async def arun(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
         try:
@@ -291,10 +300,10 @@ class RemoteExecutor(Executor):
         return self._done
 
     def final_answer(self, text: str) -> None:
-        self.request("invoke", name="final_answer", args=[text])
+        self._model_request("invoke", name="final_answer", args=[text])
 
     def inline(self, text: str) -> InlineStep:
-        return as_inline_step(self.request("invoke", name="inline_step", args=[text]))
+        return as_inline_step(self._model_request("invoke", name="inline_step", args=[text]))
 
     def demonstration(self) -> list[list[ToolCall]] | list[str] | None:
         turns = self.request("invoke", name="demonstration")

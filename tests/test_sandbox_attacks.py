@@ -219,6 +219,16 @@ ATTACKS: dict[str, Attack] = {
             _lacks(SECRET, "read /", "HF_TOKEN", "canary']"),
         ),
     ),
+    "look around the project's folder": Attack(
+        f"""
+        for folder in ("/opt/toolgym", {str(TOOLGYM_SOURCE.parent)!r}):
+            try:
+                print("listed", folder, sorted(os.listdir(folder)))
+            except OSError as error:
+                print("refused", folder, error.strerror)
+        """,
+        _all(_contains("listed"), _lacks("'.git'", "'tests'", "'pyproject.toml'", "canary'")),
+    ),
     "write outside /tmp": Attack(
         f"""
         for path in ("/etc/attack", "/usr/attack", "/var/tmp/attack",

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolgym.sandbox.imports import module_root
+from toolgym.sandbox.imports import TOOLGYM_SOURCE, module_root
 from toolgym.sandbox.remote import Channel, Isolation, SandboxError
 
 IMAGE = "toolgym-sandbox:1"
@@ -215,9 +215,9 @@ class DockerBackend:
         return channel
 
     def _mounts(self, target: type | None) -> tuple[dict[str, dict[str, str]], list[str]]:
-        """Read-only mounts (toolgym's source, `code_paths`, the environment's module file or
-        package, not the folder around it) and the PYTHONPATH entries they make."""
-        mounts = {str(_source_root()): {"bind": SOURCE_MOUNT, "mode": "ro"}}
+        """Read-only mounts (the `toolgym` package alone, `code_paths`, the environment's module
+        file or package, never the folder around either) and the PYTHONPATH entries they make."""
+        mounts = {str(TOOLGYM_SOURCE): {"bind": f"{SOURCE_MOUNT}/toolgym", "mode": "ro"}}
         paths = [SOURCE_MOUNT]
         for index, host_path in enumerate(self.code_paths):
             inside = f"/opt/code/{index}"
@@ -417,11 +417,6 @@ def _remove_own_containers() -> None:
             _remove(container)
     except Exception:
         pass
-
-
-def _source_root() -> Path:
-    """The folder that holds the `toolgym` package."""
-    return Path(__file__).resolve().parent.parent.parent
 
 
 def _create(docker_client: Any, image: str, **options: Any) -> Any:

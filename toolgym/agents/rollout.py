@@ -24,7 +24,7 @@ from toolgym.agents.engines.base import Completion, Engine, GenerationRequest, S
 from toolgym.agents.inline import observation_ids
 from toolgym.agents.limits import AgentLimits
 from toolgym.agents.parsers import ParsedMessage, Parser, get_parser, type_arguments
-from toolgym.agents.trajectory import Status, Trajectory
+from toolgym.agents.trajectory import MODEL_FAILURES, Status, Trajectory
 from toolgym.envs.calls import (
     MalformedToolCall,
     ToolCall,
@@ -354,7 +354,8 @@ class Episode:
                     }
                 )
             text = self.decode(completion)
-            parsed = _with_call_ids(self._parse(text, tools), turn)
+            # off the event loop: a long hostile message must not stall the other episodes
+            parsed = _with_call_ids(await asyncio.to_thread(self._parse, text, tools), turn)
             self.metrics["parse_failures"] += parsed.failures
             trajectory.messages.append(_assistant_message(text, parsed))
             self.on_message(trajectory.messages[-1])
@@ -449,6 +450,8 @@ class Episode:
         makes the turn one malformed call instead of ending the run."""
         try:
             return type_arguments(self.agent.parse(text), tools)
+        except TimeoutError:
+            raise  # a caller's time limit, not the text's doing
         except Exception as error:
             reason = f"the parser failed ({type(error).__name__}: {error})"
             return ParsedMessage(text.strip(), [MalformedToolCall(text, reason)])
@@ -574,6 +577,8 @@ class Episode:
             if callable(read_metrics):
                 trajectory.env_metrics = as_episode_metrics(await self._read(read_metrics))
             trajectory.reward = reward
+            if trajectory.status in MODEL_FAILURES and self.limits.model_failure_reward is not None:
+                trajectory.reward = self.limits.model_failure_reward
         except TimeoutError:  # reading the outcome is not the model's doing
             trajectory.reward, trajectory.status = 0.0, "env_error"
             trajectory.error = f"{what} took over {self.limits.tool_timeout} s"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 from toolgym.agents.parsers.base import AnyCall, ParsedMessage, Parser
@@ -54,10 +55,12 @@ def vllm_parser(name: str, tokenizer: Any, tools: list[dict] | None = None) -> P
     request = ChatCompletionRequest(model="toolgym", messages=[], tools=tools or None)
     parser = parser_class(tokenizer, request.tools) if tools else parser_class(tokenizer)
     start = getattr(parser, "tool_call_start_token", None) or getattr(parser, "bot_token", None)
+    lock = threading.Lock()  # rollouts parse in threads; vLLM's parsers keep state on `self`
 
     def parse(text: str) -> ParsedMessage:
         try:
-            result = parser.extract_tool_calls(text, request)
+            with lock:
+                result = parser.extract_tool_calls(text, request)
         except TimeoutError:
             raise  # a caller's time limit, not the text's doing
         except Exception as error:

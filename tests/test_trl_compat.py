@@ -59,7 +59,8 @@ def test_trl_style_class_runs_unchanged():
     assert [t["function"]["name"] for t in env.tools] == ["increment", "peek"]
     result = env.step([ToolCall("increment", {"step": 2}), ToolCall("increment", '{"step": "3"}')])
     assert [m["content"] for m in result.messages] == ["2", "5"]
-    assert result.reward == 1.0 and env.get_reward() == 1.0
+    # TRL reads the reward once, when the episode ends: no per-step change is reported
+    assert result.reward == 0.0 and env.get_reward() == 1.0
     bad = env.step(ToolCall("increment", {"step": -1}))
     assert bad.messages[0]["content"] == "Error: increment raised ValueError: step must be positive"
     assert asyncio.run(env.astep(ToolCall("peek"))).messages[0]["content"] == "5"
@@ -81,14 +82,17 @@ def test_trl_style_class_through_the_registry_and_gymnasium():
     env = toolgym.make("TRLCounter-v0")
     assert isinstance(env, toolgym.Stepper)  # a plain class is stepped by a Stepper
     env.reset(target=1)
-    assert env.step(ToolCall("increment", {"step": 1})).reward == 1.0
+    assert env.step(ToolCall("increment", {"step": 1})).reward == 0.0  # read at the end
+    assert env.get_reward() == 1.0
     gym_env = gymnasium.make("toolgym/TRLCounter-v0")
     obs, _ = gym_env.reset(seed=0, options={"target": 2})
     assert obs == "Reach exactly 2."
     obs, reward, *_ = gym_env.step(
         '<tool_call>{"name": "increment", "arguments": {"step": 2}}</tool_call>'
     )
-    assert (obs, reward) == ("increment: 2", 1.0)
+    assert (obs, reward) == ("increment: 2", 0.0)
+    # the final answer ends the episode: its reward, read once, comes with it
+    assert gym_env.step("I reached 2.")[1:3] == (1.0, True)
 
 
 def test_plain_class_done_attribute_ends_the_episode():

@@ -98,6 +98,7 @@ class GymnasiumEnv(gymnasium.Env[str, str]):
         self.action_space = ChatText(max_action_length)
         self._transcript: list[str] = []
         self._answered = False
+        self._ended = False
 
     def reset(self, *, seed: int | None = None, options: Row | None = None) -> tuple[str, Row]:
         """Start an episode from `options` (a dataset row) or a row drawn with `seed`; the
@@ -111,6 +112,7 @@ class GymnasiumEnv(gymnasium.Env[str, str]):
         observation = "\n\n".join(part for part in (_prompt_text(prompt), first) if part)
         self._transcript = [observation]
         self._answered = False
+        self._ended = False
         return observation, {"tools": self.env.tools}
 
     def step(self, action: str) -> tuple[str, float, bool, bool, Row]:
@@ -120,12 +122,17 @@ class GymnasiumEnv(gymnasium.Env[str, str]):
         self._transcript.append(f"assistant: {action}")
         calls = parse_action(action)
         if not calls:
-            before = self.env.get_reward()
+            # per-step rewards: the answer's change; otherwise the episode's reward, read once
+            # now that it ends (a lazy reward is not read before the answer); 0 if a step ended it
+            per_step = getattr(self.env, "reward_per_step", True)
+            before = (self.env.get_reward() or 0.0) if per_step else 0.0
             self.env.final_answer(action)
             self._answered = True
+            reward = 0.0 if self._ended else (self.env.get_reward() or 0.0) - before
             info = {"turn": self.env.turn, "tool_calls": 0, "final_answer": True}
-            return "", self.env.get_reward() - before, True, False, info
+            return "", reward, True, False, info
         result = self.env.step(calls)
+        self._ended = result.terminated or result.truncated
         observation = "\n".join(f"{m['name']}: {m['content']}" for m in result.messages)
         self._transcript.append(observation)
         return observation, result.reward, result.terminated, result.truncated, result.info

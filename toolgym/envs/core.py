@@ -42,6 +42,12 @@ class Environment:
     reward: float = 0.0
     done: bool = False
     max_turns: int | None = None
+    reward_per_step: ClassVar[bool] = True
+    """Whether `step` reports the change of `reward` over each step (the reward is read before
+    and after every step). An `Environment`'s tools set a plain `reward` attribute, so reading
+    it often is free; a subclass whose `reward` is computed when read (a verifier run once, on
+    first access) sets this False: the reward is then read once, when the episode ends, as for
+    a plain class (TRL's contract)."""
     inline_markers: ClassVar[tuple[str, ...]] = ()
     """Markers of the inline protocol (`toolgym.envs.inline`): when not empty, the model writes
     in one assistant turn, generation stops after each marker and `inline_step` answers the
@@ -76,9 +82,9 @@ class Environment:
     def close(self) -> None:
         """Release what the environment holds (processes, files); called once at the end."""
 
-    def get_reward(self) -> float:
-        """The episode's reward so far."""
-        return float(self.reward)
+    def get_reward(self) -> float | None:
+        """The episode's reward so far (None: no reward)."""
+        return None if self.reward is None else float(self.reward)
 
     def final_answer(self, text: str) -> None:
         """Called with the model's last message when it answers without calling a tool.

@@ -63,7 +63,8 @@ class Executor(Protocol):
         ...
 
     def reward(self) -> float:
-        """The episode's reward so far."""
+        """The episode's reward so far (an executor may also offer `read_reward() -> float |
+        None`, where None is "no reward"; the Stepper prefers it)."""
         ...
 
     def done(self) -> bool:
@@ -140,10 +141,22 @@ class LocalExecutor(Executor):
         return self._noted(await self._prepared(call, arguments).arun())
 
     def reward(self) -> float:
+        """The reward as a number: a class that reports none (None) is an error here (a
+        sandbox worker reports it so); `read_reward` is the reading that allows None."""
+        value = self.read_reward()
+        if value is None:
+            raise TypeError(
+                f"{self.target.__name__} reports no reward (None); this executor needs a number"
+            )
+        return value
+
+    def read_reward(self) -> float | None:
+        """`get_reward()`, else the `reward` attribute (0.0 without either); None (OpenEnv's
+        default) is "no reward", as in TRL, and stays None."""
         get_reward = getattr(self.instance, "get_reward", None)
-        if callable(get_reward):
-            return float(get_reward())
-        return float(getattr(self.instance, "reward", 0.0))
+        value = get_reward() if callable(get_reward) else getattr(self.instance, "reward", 0.0)
+        value = _resolved(value)
+        return None if value is None else float(value)
 
     def done(self) -> bool:
         return bool(getattr(self.instance, "done", False))
@@ -231,6 +244,10 @@ class Stepper:
         """The failure that ended the episode during a call, as (status, what happened): the
         executor failed (`failure_status`) or a call ran past its time limit (`astep`); later
         calls are refused."""
+        self._final_reward: tuple[float | None] | None = None
+        """The reward read once the episode was over (classes without per-step rewards)."""
+        self._began_over = False
+        """The step being run began after the episode was over."""
 
     # -- the episode ---------------------------------------------------------------------------
     def reset(self, seed: int | None = None, **row: Any) -> str | None:
@@ -243,7 +260,7 @@ class Stepper:
     def begin_episode(self) -> None:
         """Clear the turn count (called by `reset`, and by `Environment.reset` itself)."""
         self.turn, self.truncated, self.answered, self.started = 0, False, False, True
-        self.ended = None
+        self.ended, self._final_reward = None, None
         begin = getattr(self.executor, "begin_episode", None)
         if callable(begin):
             begin()
@@ -268,18 +285,36 @@ class Stepper:
         self.executor.max_turns = value
 
     @property
-    def reward(self) -> float:
-        """The episode's reward so far."""
-        return self.executor.reward()
+    def reward_per_step(self) -> bool:
+        """Whether the class asks for per-step rewards (its `reward_per_step`: True on
+        `toolgym.Environment`, whose tools set a plain `reward` attribute; False for a plain
+        class, as in TRL). With them, the reward is read before and after every step and a
+        `StepResult` carries the change; without them, it is read only when asked (the agent
+        reads it once, when the episode ends) or at the step that ends the episode, so a lazy
+        or cached `reward` (computed on first access) is not frozen before the model acts."""
+        return bool(getattr(self.executor.target, "reward_per_step", False))
+
+    @property
+    def reward(self) -> float | None:
+        """The episode's reward (None: the environment reports none, OpenEnv's default)."""
+        return self.get_reward()
 
     @property
     def done(self) -> bool:
         """Whether the environment ended the episode."""
         return self.executor.done()
 
-    def get_reward(self) -> float:
-        """The episode's reward so far."""
-        return self.executor.reward()
+    def get_reward(self) -> float | None:
+        """The episode's reward: read from the environment now, or, for a class without
+        per-step rewards whose episode is over, the value read once when it ended. None means
+        "no reward" (as in TRL: no crash; a reward source with no value for an episode)."""
+        if self._final_reward is not None:
+            return self._final_reward[0]
+        read = getattr(self.executor, "read_reward", None)
+        value = read() if callable(read) else self.executor.reward()
+        if not self.reward_per_step and self.started and self._is_over() and not self.ended:
+            self._final_reward = (value,)
+        return value
 
     def final_answer(self, text: str) -> None:
         """Hand the model's last message (an answer without tool calls) to the environment,
@@ -423,15 +458,28 @@ class Stepper:
 
     def _begin_step(
         self, tool_calls: AnyToolCall | Iterable[AnyToolCall]
-    ) -> tuple[list[ToolCall | MalformedToolCall], float]:
+    ) -> tuple[list[ToolCall | MalformedToolCall], float | None]:
+        """The calls, and the reward before them: a number with per-step rewards (the step
+        reports the change), else None (nothing is read here)."""
         if not self.started:
             raise RuntimeError(f"{self.executor.target.__name__}: call reset() before step()")
         calls = as_call_list(tool_calls)
-        if not self._is_over():
+        self._began_over = self._is_over()
+        if not self._began_over:
             self.turn += 1
-        return calls, self.get_reward()
+        return calls, (_number(self.get_reward()) if self.reward_per_step else None)
 
-    def _end_step(self, results: list[ToolResult], reward_before: float) -> StepResult:
+    def _step_reward(self, before: float | None) -> float:
+        """A step's reward: the change (per-step rewards), else the episode's reward at the
+        step that ends it (read once) and 0 before it; 0 for a step after the end, or when a
+        failure ended it (the environment may be gone: the agent reads what it can)."""
+        if before is not None:
+            return _number(self.get_reward()) - before
+        if self._began_over or self.ended is not None or not self._is_over():
+            return 0.0
+        return _number(self.get_reward())
+
+    def _end_step(self, results: list[ToolResult], reward_before: float | None) -> StepResult:
         done = self.done
         if self.max_turns is not None and self.turn >= self.max_turns and not done:
             self.truncated = not self.answered
@@ -447,7 +495,7 @@ class Stepper:
         }
         return StepResult(
             messages=[r.message for r in results],
-            reward=self.get_reward() - reward_before,
+            reward=self._step_reward(reward_before),
             terminated=done or self.answered or self.ended is not None,
             truncated=self.truncated,
             info=info,
@@ -503,6 +551,11 @@ def _call_limit(
     if call_timeout is None:
         return None, ""
     return call_timeout, f"took over {call_timeout:g} s, the time limit of one tool call"
+
+
+def _number(reward: float | None) -> float:
+    """A reward in a sum: None ("no reward") counts as 0."""
+    return 0.0 if reward is None else reward
 
 
 def _describe(error: BaseException) -> str:

@@ -150,6 +150,7 @@ RESERVED_NAMES = frozenset(
         "done",
         "max_turns",
         "stepper",
+        "reward_per_step",
     }
 )
 """Names of the environment protocol: never tools, on `Environment` subclasses and plain

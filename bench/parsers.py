@@ -158,10 +158,13 @@ def _timed(parser, text: str) -> float:
 def _worst_case_time(parser, build, size: int, cap: float) -> tuple[float, bool]:
     """`(seconds, extrapolated)` for one hostile text at `size`: timed at 8 KB, 16 KB, ...
     first; where the growth between two sizes predicts more than `cap` seconds at `size`
-    (power law through the two points, exponent at least 1), the prediction instead of a run."""
+    (power law through the two points, exponent at least 1), the prediction instead of a run.
+    Each smaller size takes the best of three runs: one pause of a busy machine would otherwise
+    look like a steep growth."""
     smaller, previous = 1 << 13, None
     while smaller < size:
-        seconds = _timed(parser, build(smaller))
+        text = build(smaller)
+        seconds = min(_timed(parser, text) for _ in range(3))
         if previous is not None and seconds > 0.05:
             exponent = max(1.0, math.log2(seconds / max(previous, 1e-9)))
             predicted = seconds * (size / smaller) ** exponent

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from toolgym.agents.limits import AgentLimits
+from toolgym.sandbox import BACKENDS
 
 LossType = Literal["grpo", "dr_grpo", "dapo", "bnpo"]
 ScaleRewards = Literal["group", "batch", "none"]
@@ -93,9 +94,16 @@ class GRPOConfig:
     (False); None: one sequence exactly when the template is prefix-preserving for every shape
     of tool-call turn (see `toolgym.agents.chat`)."""
     sandbox: str | None = None
-    """Where each rollout's environment lives: "local" (this process), "process", "docker" or
-    "auto" (the strongest available); None: the environment's registered default. For a
-    class, None means "local". For warm instances pass `env=SandboxPool(...).lease`."""
+    """Where each rollout's environment lives: "local" (this process), "process", "docker",
+    "auto" (the strongest available) or "ray": a warm `SandboxPool` of Ray actors spread over
+    the nodes of the cluster at `RAY_ADDRESS` (else a Ray started for this process), a step's
+    episodes started ahead and replaced in the background (`trainer.close()` stops them).
+    None: the environment's registered default; for a class, "local". For other warm
+    instances pass `env=SandboxPool(...).lease`."""
+    sandbox_resources: dict[str, float] | None = None
+    """With `sandbox="ray"`: what each environment's actor asks of its node: `num_cpus`
+    (default 1), `num_gpus`, `memory` (bytes) and custom resources, e.g. `{"envhost": 1}` to
+    keep environments on the nodes that offer it."""
     limits: AgentLimits = field(default_factory=AgentLimits)
     """Episode limits: `max_turns`, `max_new_tokens`, `max_episode_tokens`, `tool_timeout`
     (`toolgym.agents.AgentLimits`; a dict is accepted)."""
@@ -193,6 +201,12 @@ class GRPOConfig:
             raise ValueError(f"unknown scale_rewards {self.scale_rewards!r}")
         if self.advantage not in ("grpo", "rloo"):
             raise ValueError(f"unknown advantage {self.advantage!r}")
+        if self.sandbox is not None and self.sandbox not in BACKENDS:
+            raise ValueError(
+                f"unknown sandbox {self.sandbox!r}; expected one of {', '.join(BACKENDS)}"
+            )
+        if self.sandbox_resources is not None and self.sandbox != "ray":
+            raise ValueError('sandbox_resources only apply with sandbox="ray"')
 
     @property
     def engine_log_path(self) -> str:

@@ -17,6 +17,7 @@ import random
 import statistics
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -115,11 +116,11 @@ class GRPOTrainer:
         if tokenizer is None:
             raise ValueError("pass the model's tokenizer (tokenizer=...)")
         self.tokenizer = tokenizer
-        self.make_env = _env_factory(env, env_kwargs or {}, args.sandbox)
         self.train_rows = [dict(r) for r in train_dataset]
         self.eval_rows = [dict(r) for r in eval_dataset] if eval_dataset is not None else []
         if not self.train_rows:
             raise ValueError("train_dataset is empty")
+        self.make_env = self._env_factory(env, env_kwargs or {})
         self.reward_funcs = list(reward_funcs or [])
         if args.lora is not None:
             model = _with_lora(model, args.lora)
@@ -243,6 +244,31 @@ class GRPOTrainer:
         if elapsed + elapsed / done * (step - self.step + 1) > budget:
             return f"max_seconds ({budget:.0f} s): {done} steps in {elapsed:.0f} s"
         return ""
+
+    def _env_factory(self, env: Any, kwargs: dict[str, Any]) -> Callable[[], Any]:
+        """What makes one rollout's environment: a lease of a warm Ray pool for
+        `sandbox="ray"`, else a fresh instance placed by `sandbox`."""
+        self.env_pool: Any = None  # the warm SandboxPool of sandbox="ray"; close() stops it
+        if self.args.sandbox != "ray":
+            return _env_factory(env, kwargs, self.args.sandbox)
+        share, most = self._episodes_at_once()
+        self.env_pool = _ray_pool(env, kwargs, self.args, share, most)
+        # the actors go when the trainer does, or at exit if nobody called close()
+        self._pool_finalizer = weakref.finalize(self, self.env_pool.close)
+        return self.env_pool.lease
+
+    def close(self) -> None:
+        """Stop what the trainer started outside this process: the warm sandbox pool of
+        `sandbox="ray"` (its actors). Safe to call twice; the engine is the caller's."""
+        if self.env_pool is not None:
+            self._pool_finalizer()
+
+    def _episodes_at_once(self) -> tuple[int, int]:
+        """This process's share of a step's episodes, and the most environments it holds at
+        once (a step's share, plus an evaluation's rows while a pipelined producer plays)."""
+        per_step = self.args.prompts_per_step * self.args.num_generations
+        share = max(1, per_step // self.accelerator.num_processes)
+        return share, share + len(self.eval_rows)
 
     def training_step(self) -> dict[str, Any]:
         """One step: rollouts, rewards, advantages, update, weight sync; returns metrics."""
@@ -778,6 +804,40 @@ def _env_factory(
             raise ValueError("env_kwargs and sandbox only apply when env is an id or a class")
         return env
     raise TypeError(f"env must be an id, a class or a factory, not {type(env).__name__}")
+
+
+def _ray_pool(
+    env: str | type | Callable[[], Any],
+    kwargs: dict[str, Any],
+    args: GRPOConfig,
+    share: int,
+    most: int,
+) -> Any:
+    """A warm pool of `env` in Ray actors spread over the cluster's nodes (`RAY_ADDRESS`, else
+    a Ray of this process): `share` instances (a step's) kept warm, up to `most` alive."""
+    from toolgym.registry import _resolve
+    from toolgym.sandbox.pool import SandboxPool
+    from toolgym.sandbox.ray_backend import RayBackend
+
+    target, options = env, dict(kwargs)
+    if isinstance(env, str):
+        spec = toolgym.spec(env)  # fail early on an unknown id
+        target = _resolve(spec.entry_point, what=f"entry point of {env}")
+        options = {**spec.kwargs, **kwargs}
+    if not isinstance(target, type):
+        raise ValueError(
+            'sandbox="ray" needs an environment class or an id registered with one (a Ray '
+            f"actor imports it by module and name), not {target!r}"
+        )
+    backend = RayBackend(resources=dict(args.sandbox_resources or {}), spread=True)
+    return SandboxPool(
+        target,
+        options,
+        backend=backend,
+        size=share,
+        max_instances=most,
+        start_threads=min(32, max(1, most)),
+    )
 
 
 def _frozen_copy(model: Any) -> Any:

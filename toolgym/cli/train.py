@@ -94,7 +94,10 @@ def train(args: argparse.Namespace) -> int:
         output.mkdir(parents=True, exist_ok=True)
         (output / CONFIG_FILE_NAME).write_text(json.dumps(config.to_dict(), indent=2) + "\n")
     started = time.perf_counter()
-    history = trainer.train(resume_from_checkpoint=args.resume)
+    try:
+        history = trainer.train(resume_from_checkpoint=args.resume)
+    finally:
+        trainer.close()  # a --sandbox ray pool's actors
     if main_process:
         print(report(trainer, history, time.perf_counter() - started))
     _leave_process_group(trainer)

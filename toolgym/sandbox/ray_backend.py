@@ -17,6 +17,11 @@ together with whatever else the worker wrote right after it; bytes found waiting
 request is sent end the worker before the request is written (the same refusal as
 `Channel._refuse_unasked`, decided on the host).
 
+Pools: `SandboxPool(cls, backend=RayBackend(spread=True), size=N)` keeps N actors warm across
+the cluster's nodes (Ray's SPREAD strategy), with the lease rules of every pool; an instance
+whose node died fails its health check or its episode (`env_error`) and is replaced on a live
+node. `GRPOConfig(sandbox="ray")` (`toolgym train --sandbox ray`) builds such a pool.
+
 Address: `RayBackend(address=...)`, else `RAY_ADDRESS`, else a Ray started for this process
 (`ray.init()`). Ray is an optional extra: `pip install toolgym[ray]`.
 """
@@ -100,6 +105,12 @@ class RayBackend:
         runtime_env: Ray's runtime environment for the actors (e.g. `py_modules` for an
             environment class that the nodes cannot import otherwise).
         init_options: Further arguments for `ray.init` when this backend starts Ray.
+        spread: Place the actors with Ray's SPREAD strategy: each new actor on the feasible
+            node that hosts the fewest, so that a pool's instances are spread over the
+            cluster's nodes. Ray's default strategy fills the node of the caller first (up to
+            half its resources) and packs, which keeps a small pool on one node; it matters
+            for pools, not for a single instance or for actors pinned by a custom resource
+            that one node has.
     """
 
     address: str | None = None
@@ -108,7 +119,15 @@ class RayBackend:
     start_timeout: float = 120.0
     runtime_env: dict[str, Any] | None = None
     init_options: dict[str, Any] = field(default_factory=dict)
+    spread: bool = False
     name: str = "ray"
+
+    def __post_init__(self) -> None:
+        for key, value in self.resources.items():
+            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+                raise ValueError(
+                    f"RayBackend resources: {key}={value!r} is not a non-negative number"
+                )
 
     def start(self, target: type | None = None) -> RayChannel:
         """A new actor hosting a worker for `target`, after the worker's hello."""
@@ -121,6 +140,8 @@ class RayBackend:
             options["resources"] = custom
         if self.runtime_env:
             options["runtime_env"] = self.runtime_env
+        if self.spread:
+            options["scheduling_strategy"] = "SPREAD"
         actor = (
             _relay_class(ray)
             .options(
@@ -183,6 +204,7 @@ class RayChannel(Channel):
         super().__init__()
         self.actor, self.actor_name = actor, actor_name
         self.node_id, self.node_ip = started["node_id"], started["node_ip"]
+        self.actor_pid: int = started["pid"]  # the actor's process, on its node
         self.isolation = _isolation(started, actor_name)
         self._inbox: deque[bytes | None] = deque()  # None: the worker's stream ended
         self._timed_out = False

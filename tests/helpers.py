@@ -73,20 +73,39 @@ def wordle_rows(n: int, answer: str = "crane") -> list[dict]:
 
 
 def train_tool_caller(tokenizer, hidden_size: int = 64):
-    """A tiny random model trained for a few steps on a scripted Wordle game, so that greedy
-    decoding makes real tool calls turn after turn."""
+    """A tiny random model trained on a scripted Wordle game until greedy decoding replays it:
+    real tool calls turn after turn. Training stops once every token the model writes in the
+    script is its argmax by a clear margin (checked teacher-forced, which is what greedy
+    decoding of the same prefix does), so no machine's float kernels decide the test."""
     replies = [GUESS.format(word=w) for w in ("slate", "moist", "crane")]
     agent = scripted_agent(tokenizer, replies)
     (script,) = agent.run([toolgym.make("Wordle-v0")], wordle_rows(1))
     model = tiny_model(tokenizer, seed=1, hidden_size=hidden_size)
     sequence = torch.tensor([script.prompt_ids + script.completion_ids])
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    model.train()
-    for _ in range(200):
+    for step in range(1, 1001):
+        model.train()
         model(sequence, labels=sequence).loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-    return model.eval()
+        if step >= 150 and step % 25 == 0 and _replays(model, script):
+            return model.eval()
+    raise AssertionError("the tiny model did not learn to replay the scripted game")
+
+
+def _replays(model, script: Trajectory, margin: float = 2.0) -> bool:
+    """Whether each token the model wrote in `script` wins its position's argmax by `margin`
+    logits, given the script's prefix."""
+    model.eval()
+    sequence = torch.tensor([script.prompt_ids + script.completion_ids])
+    with torch.no_grad():
+        logits = model(sequence).logits[0, :-1].float()
+    start = len(script.prompt_ids) - 1  # logits at i predict token i + 1
+    written = [start + i for i, mask in enumerate(script.loss_mask) if mask]
+    targets = sequence[0, 1:][written]
+    chosen = logits[written].gather(1, targets[:, None])[:, 0]
+    rivals = logits[written].scatter(1, targets[:, None], float("-inf")).max(dim=1).values
+    return bool((chosen - rivals > margin).all())
 
 
 def greedy_agent(engine, tokenizer, parser: str = "auto") -> Agent:

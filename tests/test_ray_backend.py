@@ -1,7 +1,8 @@
 """The Ray backend on a real two-node Ray cluster started on this machine: environments placed
 on a chosen node, calls checked on the host, a killed actor or node ending the call with a
-named failure (never a hang), the attack suite holding through a Ray-hosted process sandbox,
-and nothing left behind (no actor, no Ray process, no temp folder).
+named failure (never a hang), and nothing left behind (no actor, no Ray process, no temp
+folder). The attack suite through a Ray-hosted sandbox is `test_ray_attacks.py`; pools across
+the nodes, faults mid-episode and a GRPO step are `test_ray_pool.py` (both reuse `Cluster`).
 
 Skips with the reason when Ray is not installed (`pip install 'toolgym[ray]'`), unless
 TOOLGYM_REQUIRE_SANDBOXES=1.
@@ -16,7 +17,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -40,9 +40,7 @@ except ImportError as error:
 if shutil.which("bwrap") is None and not REQUIRED:
     pytest.skip("bubblewrap is not installed (the inner process sandbox)", allow_module_level=True)
 
-from test_sandbox_attacks import _PREAMBLE, ANSWER, ATTACKS, SECRET  # noqa: E402
 
-from toolgym.sandbox.imports import TOOLGYM_SOURCE  # noqa: E402
 from toolgym.sandbox.ray_backend import RayBackend, RayIsolation, list_sandbox_actors  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -361,57 +359,6 @@ def test_a_hung_tool_times_out_within_its_own_timeout(cluster, node_b):
         assert env.step(toolgym.ToolCall("echo", {"text": "hi"})).messages[0]["content"] == "hi"
     finally:
         env.close()
-
-
-HELD = [
-    "read host secrets",
-    "fork bomb",
-    "rewrite host kernel settings with their own values",
-    "keep a key in a kernel keyring",
-    "forge replies on every descriptor, for this and future requests",
-    "print fake protocol lines",
-    "kill the worker and the session's parent",
-    "write outside /tmp",
-]
-
-
-@pytest.fixture
-def ray_repl(cluster):
-    canaries = [
-        TOOLGYM_SOURCE.parent / ".toolgym-attack-canary",
-        Path(tempfile.gettempdir()) / ".toolgym-attack-canary",
-    ]
-    for canary in canaries:
-        canary.write_text(SECRET)
-    try:
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setenv("HF_TOKEN", SECRET)
-            options = {"run_timeout": 3.0, "max_turns": 10_000}
-            env = sandboxed(PythonREPL, options, RayBackend(resources={"b": 1}), call_timeout=30)
-            yield env
-            env.close()
-    finally:
-        for canary in canaries:
-            canary.unlink(missing_ok=True)
-
-
-@pytest.mark.parametrize("name", HELD)
-def test_an_attack_is_held_in_a_ray_hosted_process_sandbox(node_b, ray_repl, name):
-    env, attack = ray_repl, ATTACKS[name]
-    env.reset(task="attack", answer=ANSWER)
-    assert env.isolation.node_id == node_b["NodeID"] and env.isolation.inner == "process"
-    restarts = env.restarts
-    attack.held(run(env, _PREAMBLE + "PORT = 9\n" + textwrap.dedent(attack.code)), "process")
-    assert env.reward == 0.0 and not env.done
-    for _ in range(3):
-        assert "value: 42" in run(env, "6 * 7")
-    env.final_answer(ANSWER)
-    assert env.reward == 1.0 and env.done
-    assert env.restarts == restarts, "the worker survived the attack"
-    env.reset(task="next", answer=ANSWER)
-    assert "NameError" in run(env, "block")
-    for leaked in ("/etc/attack", "/usr/attack", "/var/tmp/attack", "/attack"):
-        assert not Path(leaked).exists()
 
 
 def test_a_killed_node_ends_the_call_not_a_hang(cluster, node_b):

@@ -4,6 +4,7 @@ mid-episode ends that episode with `env_error` and the next lease is a healthy i
 live node, a pool that cannot start anywhere says why from `lease()`, a GRPO step plays with
 environments on both nodes (`GRPOConfig(sandbox="ray")`), and neither a closed pool nor a
 driver that exits leaves an actor or a process behind.
+Skips as `test_ray_backend.py` does (no Ray, no bubblewrap) unless TOOLGYM_REQUIRE_SANDBOXES=1.
 """
 
 from __future__ import annotations
@@ -17,21 +18,18 @@ import time
 from pathlib import Path
 
 import pytest
+import test_ray_backend
+from helpers import ids
+from test_ray_backend import _descendants, _wait, run
 
-ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'toolgym[ray]')")
-
-import test_ray_backend  # noqa: E402
-from helpers import ids  # noqa: E402
-from test_ray_backend import _descendants, _wait, run  # noqa: E402
-
-import toolgym  # noqa: E402
-from toolgym.agents import Agent, AgentLimits, ScriptedEngine  # noqa: E402
-from toolgym.envs.python_repl import PythonREPL  # noqa: E402
-from toolgym.envs.wordle import Wordle  # noqa: E402
-from toolgym.sandbox import SandboxPool  # noqa: E402
-from toolgym.sandbox.ray_backend import RayBackend, list_sandbox_actors  # noqa: E402
-from toolgym.sandbox.remote import SandboxError  # noqa: E402
-from toolgym.testing import tiny_model, tiny_tokenizer  # noqa: E402
+import toolgym
+from toolgym.agents import Agent, AgentLimits, ScriptedEngine
+from toolgym.envs.python_repl import PythonREPL
+from toolgym.envs.wordle import Wordle
+from toolgym.sandbox import SandboxPool
+from toolgym.sandbox.ray_backend import RayBackend, list_sandbox_actors
+from toolgym.sandbox.remote import SandboxError
+from toolgym.testing import tiny_model, tiny_tokenizer
 
 pytestmark = pytest.mark.slow
 cluster = test_ray_backend.cluster  # the fixtures: a cluster of this module's own

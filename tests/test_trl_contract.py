@@ -38,9 +38,10 @@ def test_a_super_reset_chain_keeps_the_seed():
         first, second = cls(), cls()
         assert first.reset(seed=0) == second.reset(seed=0)
         assert first.target == second.target == (30 if cls is HarderBoard else 10)
-        assert first.step(toolgym.ToolCall("move")).messages == second.step(
-            toolgym.ToolCall("move")
-        ).messages
+        assert (
+            first.step(toolgym.ToolCall("move")).messages
+            == second.step(toolgym.ToolCall("move")).messages
+        )
         assert first.reset(seed=1) != first.reset(seed=2)  # the seed still reaches it
         assert cls().reset(seed=5) == cls().reset(seed=5)
 
@@ -240,3 +241,182 @@ def test_a_none_reward_episode_is_not_an_environment_error():
     agent = scripted_agent(tiny_tokenizer(), replies)
     (trajectory,) = agent.run([OpenEnvShaped()], [{"prompt": "Go."}])
     assert trajectory.status == "finished" and trajectory.reward is None
+
+
+# -- (b) protocol names on a plain class: exposed as TRL does, or refused naming the clash ------
+class Closer:
+    def reset(self, **kwargs):
+        return None
+
+    def close(self) -> str:
+        """Close the ticket."""
+        return "closed"
+
+
+def test_a_plain_method_named_like_a_hook_is_refused_naming_the_clash():
+    with pytest.raises(toolgym.ProtocolClashError, match=r"Closer\.close .*TRL.*release"):
+        toolgym.as_environment(Closer())
+    with pytest.raises(toolgym.ProtocolClashError, match=r"Closer\.close"):
+        toolgym.register("test/Closer-v0", Closer)
+
+    class Finisher:
+        def reset(self, **kwargs):
+            return None
+
+        def done(self) -> str:
+            """Say that you are done."""
+            return "ok"
+
+    with pytest.raises(toolgym.ProtocolClashError, match=r"Finisher\.done .*whether the episode"):
+        toolgym.as_environment(Finisher())
+
+    class Session:
+        def close(self) -> str:
+            """Close the session."""
+            return "closed"
+
+    class Bound:
+        def __init__(self):
+            self.close = Session().close  # bound in __init__: found, and refused the same
+
+        def reset(self, **kwargs):
+            return None
+
+    with pytest.raises(toolgym.ProtocolClashError, match=r"Bound\.close"):
+        toolgym.as_environment(Bound())
+
+
+def test_a_plain_method_named_like_a_stepper_name_is_a_tool_as_in_trl():
+    class Machine:
+        def reset(self, **kwargs):
+            self.position = 0
+
+        def step(self, n: int) -> str:
+            """Step forward.
+
+            Args:
+                n: How far.
+            """
+            self.position += n
+            return str(self.position)
+
+        def tools(self) -> str:
+            """List the machine's tools."""
+            return "a wrench"
+
+    env = toolgym.as_environment(Machine())
+    assert [t["function"]["name"] for t in env.tools] == ["step", "tools"]
+    env.reset()
+    result = env.step([toolgym.ToolCall("step", {"n": 2}), toolgym.ToolCall("tools")])
+    assert [m["content"] for m in result.messages] == ["2", "a wrench"]
+
+
+def test_a_marked_hook_is_toolgyms_and_not_a_tool():
+    class Marked:
+        def __init__(self):
+            self.closed = 0
+
+        def reset(self, **kwargs):
+            return None
+
+        @toolgym.hook
+        def close(self) -> None:
+            self.closed += 1
+
+        def ping(self) -> str:
+            """Ping."""
+            return "pong"
+
+    instance = Marked()
+    env = toolgym.as_environment(instance)
+    assert [t["function"]["name"] for t in env.tools] == ["ping"]
+    env.close()
+    assert instance.closed == 1
+
+    class Sub(toolgym.Environment):  # an Environment subclass's hooks need no mark
+        def close(self) -> None:
+            self.closed = True
+
+    assert toolgym.as_environment(Sub()).tools == []
+
+
+# -- (c) tools bound per instance are found ---------------------------------------------------
+class Backend:
+    def search(self, query: str) -> str:
+        """Search the index.
+
+        Args:
+            query: What to look for.
+        """
+        return f"results for {query}"
+
+
+class PerInstance:
+    """Tools bound in `__init__`: `self.<tool> = <bound method>`."""
+
+    def __init__(self):
+        self.lookup = Backend().search
+
+    def reset(self, **kwargs):
+        return None
+
+
+def _bind_on_class(cls, name):
+    """What TRL's OpenReward adapter does in `__init__`: a tool method set on the class."""
+
+    def tool(self, text: str) -> str:
+        return text[::-1]
+
+    tool.__name__ = tool.__qualname__ = name
+    tool.__doc__ = "Reverse the text.\n\nArgs:\n    text: The text."
+    setattr(cls, name, tool)
+
+
+class OpenRewardShaped:
+    def __init__(self):
+        _bind_on_class(type(self), "reverse")
+
+    def reset(self, **kwargs):
+        return "Use the server's tools."
+
+
+@pytest.fixture
+def registered_late_binders():
+    from toolgym import registry
+
+    ids = ["test/PerInstance-v0", "test/OpenRewardShaped-v0"]
+    yield ids
+    for env_id in ids:
+        registry._registry.pop(env_id, None)
+        try:
+            import gymnasium
+
+            gymnasium.registry.pop("toolgym/" + env_id.replace("/", "."), None)
+        except ImportError:
+            pass
+
+
+def test_tools_bound_in_init_are_found_through_the_registry(registered_late_binders):
+    toolgym.register(registered_late_binders[0], PerInstance)
+    toolgym.register(registered_late_binders[1], OpenRewardShaped)  # no tools on the class yet
+    env = toolgym.make(registered_late_binders[0])
+    assert [t["function"]["name"] for t in env.tools] == ["lookup"]  # before: none
+    env.reset()
+    step = env.step(toolgym.ToolCall("lookup", {"query": "kiwi"}))
+    assert step.messages[0]["content"] == "results for kiwi"
+    env = toolgym.make(registered_late_binders[1])
+    assert [t["function"]["name"] for t in env.tools] == ["reverse"]
+    env.reset()
+    assert env.step(toolgym.ToolCall("reverse", {"text": "abc"})).messages[0]["content"] == "cba"
+
+
+def test_an_agent_sees_and_calls_a_tool_bound_in_init():
+    from helpers import scripted_agent
+
+    from toolgym.testing import tiny_tokenizer
+
+    replies = [CALL.format(name="lookup", arguments='{"query": "kiwi"}'), "Found.<|im_end|>"]
+    agent = scripted_agent(tiny_tokenizer(), replies)
+    (trajectory,) = agent.run([PerInstance()], [{"prompt": "Look it up."}])
+    assert trajectory.status == "finished"
+    assert trajectory.messages[-2]["content"] == "results for kiwi"

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from toolgym.envs.core import Environment
     from toolgym.envs.inline import InlineStep
     from toolgym.envs.stepping import Stepper, as_environment
-    from toolgym.envs.tools import ToolSchemaError, ends_episode
+    from toolgym.envs.tools import ProtocolClashError, ToolSchemaError, ends_episode, hook
     from toolgym.gym import GymnasiumEnv
     from toolgym.registry import (
         EnvSpec,
@@ -53,7 +53,9 @@ _HOMES = {
     "Stepper": "toolgym.envs.stepping",
     "as_environment": "toolgym.envs.stepping",
     "ToolSchemaError": "toolgym.envs.tools",
+    "ProtocolClashError": "toolgym.envs.tools",
     "ends_episode": "toolgym.envs.tools",
+    "hook": "toolgym.envs.tools",
     "GymnasiumEnv": "toolgym.gym",
     "EnvSpec": "toolgym.registry",
     "UnknownEnvironmentError": "toolgym.registry",
@@ -69,6 +71,7 @@ __all__ = [
     "GymnasiumEnv",
     "InlineStep",
     "MalformedToolCall",
+    "ProtocolClashError",
     "StepResult",
     "Stepper",
     "ToolCall",
@@ -79,6 +82,7 @@ __all__ = [
     "__version__",
     "as_environment",
     "ends_episode",
+    "hook",
     "list_envs",
     "make",
     "register",

@@ -38,7 +38,9 @@ from toolgym.envs.tools import (
     Tool,
     ToolArgumentError,
     decode_arguments,
+    instance_tools,
     marked_ends_episode,
+    own_methods,
     tool_table,
 )
 
@@ -101,6 +103,8 @@ class LocalExecutor(Executor):
             )
         self.instance = instance
         self.target = type(instance)
+        self._tools: tuple[dict[str, Tool], dict[str, Any], dict[str, Tool]] | None = None
+        """(the class's table, the instance's own bound methods, the instance's table)."""
         self.answered = False
         """A tool marked `ends_episode` succeeded, or `final_answer` was given: the episode is
         over. With the instance's own `done`, it makes this executor refuse later calls (also
@@ -129,6 +133,15 @@ class LocalExecutor(Executor):
     def begin_episode(self) -> None:
         """Forget the last episode's answer (`reset`, and `Stepper.begin_episode`)."""
         self.answered = False
+
+    def tool_table(self) -> dict[str, Tool]:
+        """The instance's tools (`instance_tools`: its class's, and tools it bound itself in
+        `__init__` or `reset`), built again only when the class or those bindings change."""
+        own, table = own_methods(self.instance), tool_table(self.target)
+        cached = self._tools
+        if cached is None or cached[0] is not table or cached[1] != own:
+            cached = self._tools = (table, own, instance_tools(self.instance) if own else table)
+        return cached[2]
 
     def run(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
         if self._over():
@@ -190,7 +203,7 @@ class LocalExecutor(Executor):
     def _noted(self, result: ToolResult) -> ToolResult:
         # the mark itself, not the tool table: a worker may lack what builds schemas
         name = getattr(result.call, "name", "")
-        if result.ok and marked_ends_episode(getattr(self.target, name, None)):
+        if result.ok and marked_ends_episode(getattr(self.instance, name, None)):
             self.answered = True
         return result
 
@@ -272,7 +285,11 @@ class Stepper:
 
     @property
     def table(self) -> dict[str, Tool]:
-        """The environment class's tools by name (built once per class)."""
+        """The environment's tools by name: the instance's where the executor has it (tools
+        bound in `__init__` included), else its class's (built once per class)."""
+        instance_table = getattr(self.executor, "tool_table", None)
+        if callable(instance_table):
+            return instance_table()
         return tool_table(self.executor.target)
 
     @property
@@ -565,10 +582,11 @@ def _describe(error: BaseException) -> str:
 def as_environment(obj: Any) -> Any:
     """What the agent and trainers step: a `Stepper` (or an `Environment`, which steps through
     its own) as it is; any other object with `reset` and public methods, in a `Stepper`. The
-    tool table is built here, so a method that cannot be a tool fails now, naming it."""
+    tool table is built here, from the instance (tools it bound in `__init__` included), so a
+    method that cannot be a tool, or that clashes with a protocol hook, fails now, naming it."""
     if isinstance(obj, Stepper):
         return obj
-    tool_table(type(obj))
-    return (
-        obj if isinstance(getattr(obj, "stepper", None), Stepper) else Stepper(LocalExecutor(obj))
-    )
+    own = getattr(obj, "stepper", None)
+    stepper = own if isinstance(own, Stepper) else Stepper(LocalExecutor(obj))
+    stepper.table  # noqa: B018 (built now, from the instance: a bad method fails here)
+    return obj if stepper is own else stepper

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import inspect
 import json
+import types
 import weakref
 from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, get_type_hints
 
@@ -22,6 +24,11 @@ if TYPE_CHECKING:
 
 class ToolSchemaError(TypeError):
     """A public method cannot be exposed as a tool (missing docstring, type hint, ...)."""
+
+
+class ProtocolClashError(ToolSchemaError):
+    """A plain class's public method has the name of a protocol hook: TRL would expose it as a
+    tool, toolgym would call it with a meaning of its own (see `HOOK_NAMES`)."""
 
 
 class ToolArgumentError(ValueError):
@@ -115,6 +122,19 @@ def marked_ends_episode(function: Any) -> bool:
     return bool(getattr(function, _ENDS_EPISODE, False))
 
 
+_HOOK = "__toolgym_hook__"
+
+
+def hook(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a plain class's public method as toolgym's protocol hook of that name (`close`,
+    `final_answer`, `episode_metrics`, `demonstration`, `inline_step`), not a tool. Without the
+    mark such a method is refused (`ProtocolClashError`): TRL's `environment_factory` would
+    show it to the model as a tool, and toolgym does not guess which meaning was meant.
+    `toolgym.Environment` subclasses need no mark (their hooks are the base class's)."""
+    setattr(function, _HOOK, True)
+    return function
+
+
 def public_methods(cls: type, exclude: set[str]) -> dict[str, Callable[..., Any]]:
     """The plain functions defined on `cls` (and its bases) whose names make them tools."""
     methods: dict[str, Callable[..., Any]] = {}
@@ -153,23 +173,130 @@ RESERVED_NAMES = frozenset(
         "reward_per_step",
     }
 )
-"""Names of the environment protocol: never tools, on `Environment` subclasses and plain
-classes alike."""
+"""Names of the environment protocol: never tools on `Environment` subclasses. On a plain
+class (TRL's shape) only `reset` and `get_reward` are never tools, as in TRL; the hooks
+toolgym calls or reads there (`HOOK_NAMES`) are refused as methods unless marked `@hook`;
+the other names (`step`, `tools`, `rng`, ...) belong to the `Stepper`, never to the
+instance, so a plain class's method of that name is a tool, as in TRL."""
 
-_tables: weakref.WeakKeyDictionary[type, dict[str, Tool]] = weakref.WeakKeyDictionary()
+TRL_NOT_TOOLS = frozenset({"reset", "get_reward"})
+"""The public methods TRL's `environment_factory` never exposes as tools."""
+
+HOOK_NAMES: dict[str, str] = {
+    "close": "calls close() to release the instance when it is done with it",
+    "final_answer": "hands final_answer(text) the model's last message (an answer without "
+    "a tool call) to grade",
+    "episode_metrics": "reads episode_metrics() as the episode's named figures",
+    "demonstration": "reads demonstration() as an expert's calls for a warm-up",
+    "inline_step": "hands inline_step(text) what the model wrote in the inline protocol",
+    "done": "reads `done` as whether the episode is over (an attribute, not a method)",
+    "reward": "reads `reward` as the episode's reward (an attribute or property)",
+    "max_turns": "reads `max_turns` as the episode's turn limit (an attribute)",
+    "inline_markers": "reads `inline_markers` as the inline protocol's markers (an attribute)",
+    "reward_per_step": "reads `reward_per_step` as whether steps report reward changes",
+}
+"""The names toolgym calls or reads on a plain instance, each with what it does with it."""
+
+_METHOD_HOOKS = frozenset({"close", "final_answer", "episode_metrics", "demonstration"})
+
+_tables: weakref.WeakKeyDictionary[type, tuple[tuple[int, ...], dict[str, Tool]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def is_environment_class(cls: type) -> bool:
+    """Whether `cls` subclasses `toolgym.Environment` (without importing it)."""
+    return any(
+        k.__name__ == "Environment" and k.__module__ == "toolgym.envs.core" for k in cls.__mro__
+    )
 
 
 def tool_table(cls: type) -> dict[str, Tool]:
     """The tools of an environment class by name, built once per class (on the host: a
-    sandbox worker only runs calls the host checked). Every public method that is not part
-    of the protocol (`RESERVED_NAMES`) is a tool; ToolSchemaError names a method that cannot be."""
-    table = _tables.get(cls)
-    if table is None:
-        table = {
-            name: make_tool(function, owner=cls.__name__)
-            for name, function in public_methods(cls, RESERVED_NAMES).items()
-        }
-        _tables[cls] = table
+    sandbox worker only runs calls the host checked), and again if the class changes (TRL's
+    OpenReward adapter binds its tools onto the class in `__init__`). Every public method is
+    a tool but the protocol's names (`RESERVED_NAMES`); ToolSchemaError names a method that
+    cannot be one, ProtocolClashError a plain class's method that clashes with a hook."""
+    fingerprint = tuple([len(klass.__dict__) for klass in cls.__mro__])
+    cached = _tables.get(cls)
+    if cached is not None and cached[0] == fingerprint:
+        return cached[1]
+    table = {
+        name: make_tool(function, owner=cls.__name__)
+        for name, function in tool_methods(cls).items()
+    }
+    _tables[cls] = (fingerprint, table)
+    return table
+
+
+def tool_methods(cls: type) -> dict[str, Callable[..., Any]]:
+    """The functions of `cls` that are its tools (see `tool_table`)."""
+    if is_environment_class(cls):
+        return public_methods(cls, RESERVED_NAMES)
+    methods = public_methods(cls, set(TRL_NOT_TOOLS))
+    for name in [name for name in methods if name in HOOK_NAMES]:
+        check_hook(cls, name, methods[name])
+        del methods[name]
+    return methods
+
+
+def check_hook(owner: type, name: str, function: Any) -> None:
+    """Refuse a plain class's method named like a protocol hook (see `HOOK_NAMES`), unless it
+    is marked `@hook` (`inline_step`: or the class has `inline_markers`)."""
+    if getattr(function, _HOOK, False) and name in _METHOD_HOOKS | {"inline_step"}:
+        return
+    if name == "inline_step" and hasattr(owner, "inline_markers"):
+        return  # an inline-protocol class: the hook, not a tool (TRL has no inline protocol)
+    if name in _METHOD_HOOKS or name == "inline_step":
+        ways = (
+            f"rename it `_{name}` to keep it from the model (TRL's own adapters do), mark it "
+            f"`@toolgym.hook` to make it toolgym's hook and not a tool, or give the tool "
+            "another name"
+        )
+    else:
+        ways = f"give the tool another name, or make `{name}` an attribute or a property"
+    raise ProtocolClashError(
+        f"{owner.__name__}.{name} is a public method, so TRL's environment_factory would "
+        f"expose it to the model as a tool, but toolgym {HOOK_NAMES[name]}; toolgym does not "
+        f"guess which was meant: {ways}."
+    )
+
+
+def own_methods(instance: object) -> dict[str, Any]:
+    """The bound methods an instance holds itself under public names."""
+    return {
+        name: value
+        for name, value in getattr(instance, "__dict__", _EMPTY).items()
+        if type(value) is types.MethodType and not name.startswith("_")
+    }
+
+
+_EMPTY: dict[str, Any] = {}
+
+
+def instance_tools(instance: object) -> dict[str, Tool]:
+    """The tools of an instance: its class's (`tool_table`), and the bound methods it holds
+    itself under public names (tools bound in `__init__`: `self.search = client.search`), as
+    TRL finds them (`inspect.getmembers(instance, inspect.ismethod)`). Such a tool is named
+    by its attribute (the name the model calls)."""
+    cls = type(instance)
+    table = tool_table(cls)
+    own = own_methods(instance)
+    if not own:
+        return table
+    environment = is_environment_class(cls)
+    table = dict(table)
+    for name, method in own.items():
+        if name in (RESERVED_NAMES if environment else TRL_NOT_TOOLS):
+            continue
+        if not environment and name in HOOK_NAMES:
+            check_hook(cls, name, method)
+            continue
+        tool = make_tool(method, owner=cls.__name__)
+        if tool.name != name:
+            tool.schema["function"]["name"] = name
+            tool = dataclasses.replace(tool, name=name)
+        table[name] = tool
     return table
 
 

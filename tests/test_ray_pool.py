@@ -238,3 +238,48 @@ def test_toolgym_train_with_sandbox_ray(cluster, node_b, tmp_path, monkeypatch):
     assert all(resources == {"num_cpus": 0.5} for _, resources, _ in placed)
     assert {node for _, _, node in placed} == {cluster.node_with("a")["NodeID"], node_b["NodeID"]}
     _wait(lambda: not list_sandbox_actors(), 60, f"actors left: {list_sandbox_actors()}")
+
+
+def test_shared_actors_host_several_instances_each(cluster, node_b):
+    """`per_actor`: thousands of light instances need fewer Ray workers; an instance killed
+    alone leaves its actor's other instances working; the actor goes with its last one."""
+    backend = RayBackend(per_actor=3, inner="inline", spread=True, resources={"num_cpus": 0.5})
+    with SandboxPool(Wordle, backend=backend, size=6, start_threads=6) as pool:
+        pool.wait_ready(timeout=120)
+        assert len(list_sandbox_actors()) == 2
+        envs = [pool.lease(timeout=30) for _ in range(6)]
+        assert {env.isolation.inner for env in envs} == {"inline"}
+        assert len({env.isolation.node_id for env in envs}) == 2  # the two actors, spread
+        by_actor: dict[str, list] = {}
+        for env in envs:
+            by_actor.setdefault(env.isolation.actor, []).append(env)
+        (victim, *neighbours), _ = by_actor.values()
+        victim.executor.channel.kill()
+        assert not victim.alive
+        for env in neighbours:
+            env.reset(seed=0, answer="crane")
+            assert env.step(toolgym.ToolCall("guess", {"word": "crane"})).results[0].ok
+            assert env.reward == 1.0
+        for env in envs:
+            env.close()
+    _wait(lambda: not list_sandbox_actors(), 60, f"actors left: {list_sandbox_actors()}")
+
+
+def test_inline_instances_time_out_and_refuse_model_code(cluster):
+    from sandbox_envs import Misbehaving
+
+    tests = str(Path(__file__).resolve().parent)
+    inline = RayBackend(inner="inline", runtime_env={"env_vars": {"PYTHONPATH": tests}})
+    with pytest.raises(SandboxError, match="inner='inline' hosts no model code"):
+        toolgym.sandbox.sandboxed(PythonREPL, {}, inline)
+    env = toolgym.sandbox.sandboxed(Misbehaving, {}, inline, call_timeout=1.0)
+    try:
+        env.reset(seed=0)
+        assert env.step(toolgym.ToolCall("echo", {"text": "hi"})).messages[0]["content"] == "hi"
+        started = time.monotonic()
+        result = env.step(toolgym.ToolCall("loop_forever", {}))
+        assert result.info["ended"] == "tool_timeout", result.info
+        assert time.monotonic() - started < 3.0
+    finally:
+        env.close()
+    _wait(lambda: not list_sandbox_actors(), 30, f"actors left: {list_sandbox_actors()}")

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import json
 import os
 import threading
 import time
@@ -99,8 +100,10 @@ class RayBackend:
             `memory` (bytes) and custom resources (`{"envhost": 1}`).
         inner: The sandbox inside the actor: "process" (`ProcessBackend()`, the default),
             "docker" (the node's Docker daemon), "local" (a worker subprocess with the
-            process backend's limits but without bubblewrap) or a backend object (pickled to
-            the node).
+            process backend's limits but without bubblewrap), "inline" (the instance in the
+            actor's own process: no isolation and no kill, for trusted or simulated
+            environments only; a tool past its timeout keeps its thread) or a backend object
+            (pickled to the node).
         start_timeout: Seconds for Ray to place the actor and for the inner worker to start.
         runtime_env: Ray's runtime environment for the actors (e.g. `py_modules` for an
             environment class that the nodes cannot import otherwise).
@@ -111,6 +114,11 @@ class RayBackend:
             half its resources) and packs, which keeps a small pool on one node; it matters
             for pools, not for a single instance or for actors pinned by a custom resource
             that one node has.
+        per_actor: Instances one actor hosts (1: an actor per instance). Above 1, an actor
+            (asking `resources` once) hosts up to this many, each in its own inner sandbox
+            (its own object with "inline"): fewer Ray workers for thousands of light
+            instances. Killing an instance stops its inner worker, not the actor; the actor
+            goes with its last instance; a lost actor fails all of its instances.
     """
 
     address: str | None = None
@@ -120,9 +128,16 @@ class RayBackend:
     runtime_env: dict[str, Any] | None = None
     init_options: dict[str, Any] = field(default_factory=dict)
     spread: bool = False
+    per_actor: int = 1
     name: str = "ray"
+    _hosts: list[_Host] = field(default_factory=list, init=False, repr=False, compare=False)
+    _hosts_lock: threading.Lock = field(
+        default_factory=threading.Lock, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
+        if not isinstance(self.per_actor, int) or self.per_actor < 1:
+            raise ValueError(f"RayBackend per_actor must be a positive int, not {self.per_actor!r}")
         for key, value in self.resources.items():
             if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
                 raise ValueError(
@@ -130,8 +145,25 @@ class RayBackend:
                 )
 
     def start(self, target: type | None = None) -> RayChannel:
-        """A new actor hosting a worker for `target`, after the worker's hello."""
+        """A worker for `target` in a new actor (or, with `per_actor` above 1, in an actor
+        that has room), after the worker's hello."""
         ray = self.connect()
+        module = target.__module__ if target is not None else None
+        qualname = target.__qualname__ if target is not None else None
+        if self.per_actor > 1:
+            return self._start_shared(ray, module, qualname)
+        actor, actor_name = self._new_actor(ray, max_concurrency=2)
+        try:
+            started = ray.get(
+                actor.start.remote(self.inner, module, qualname), timeout=self.start_timeout
+            )
+        except BaseException as error:
+            with contextlib.suppress(Exception):
+                ray.kill(actor, no_restart=True)
+            raise _start_error(ray, error, self.resources, self.start_timeout) from error
+        return RayChannel(actor, actor_name, started)
+
+    def _new_actor(self, ray: Any, max_concurrency: int) -> tuple[Any, str]:
         actor_name = ACTOR_PREFIX + uuid.uuid4().hex[:12]
         options = {k: v for k, v in self.resources.items() if k in _KINDS}
         options.setdefault("num_cpus", 1)
@@ -147,23 +179,51 @@ class RayBackend:
             .options(
                 name=actor_name,
                 namespace=NAMESPACE,
-                max_concurrency=2,  # `kill` is served while an exchange waits on the worker
+                # `kill` is served while an exchange waits on the worker
+                max_concurrency=max_concurrency,
                 max_restarts=0,
                 **options,
             )
             .remote()
         )
-        module = target.__module__ if target is not None else None
-        qualname = target.__qualname__ if target is not None else None
+        return actor, actor_name
+
+    def _start_shared(self, ray: Any, module: str | None, qualname: str | None) -> RayChannel:
+        """A worker in an actor with room (a new actor when none has), in a slot of its own."""
+        with self._hosts_lock:
+            host = next((h for h in self._hosts if h.live < self.per_actor), None)
+            if host is None:
+                actor, actor_name = self._new_actor(ray, 2 * self.per_actor + 2)
+                host = _Host(actor, actor_name)
+                self._hosts.append(host)
+            host.live += 1
+            host.slots += 1
+            slot = host.slots
         try:
             started = ray.get(
-                actor.start.remote(self.inner, module, qualname), timeout=self.start_timeout
+                host.actor.start.remote(self.inner, module, qualname, slot),
+                timeout=self.start_timeout,
             )
         except BaseException as error:
-            with contextlib.suppress(Exception):
-                ray.kill(actor, no_restart=True)
+            lost = isinstance(error, ray.exceptions.RayActorError)
+            self._release(host, lost=lost or isinstance(error, ray.exceptions.GetTimeoutError))
             raise _start_error(ray, error, self.resources, self.start_timeout) from error
-        return RayChannel(actor, actor_name, started)
+        release = functools.partial(self._release, host)
+        return RayChannel(host.actor, host.name, started, slot=slot, on_kill=release)
+
+    def _release(self, host: _Host, lost: bool = False) -> None:
+        """One instance of `host` is gone; the actor goes with its last one (or at once,
+        when it is lost: no new instance is placed in it)."""
+        with self._hosts_lock:
+            host.live -= 1
+            if lost:
+                host.live = min(host.live, -self.per_actor)  # never chosen again
+            last = host.live <= 0 and host in self._hosts
+            if last:
+                self._hosts.remove(host)
+        if last or lost:
+            with contextlib.suppress(Exception):
+                _ray().kill(host.actor, no_restart=True)
 
     def connect(self) -> Any:
         """Ray, initialised (joining `address`, `RAY_ADDRESS`, or a Ray of this process)."""
@@ -174,6 +234,18 @@ class RayBackend:
                 options = {"log_to_driver": False, **self.init_options}
                 ray.init(address=address, ignore_reinit_error=True, **options)
         return ray
+
+
+@dataclass(eq=False)
+class _Host:
+    """A shared actor of a `RayBackend` with `per_actor` above 1."""
+
+    actor: Any
+    name: str
+    live: int = 0
+    """Instances alive in it (started or starting)."""
+    slots: int = 0
+    """Slots handed out so far (a slot is never reused)."""
 
 
 @functools.cache
@@ -200,9 +272,19 @@ class RayChannel(Channel):
     """The host's end of a worker in a Ray actor: bytes relayed by actor calls, every one
     under a timeout; protocol checks here, as for any channel."""
 
-    def __init__(self, actor: Any, actor_name: str, started: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        actor: Any,
+        actor_name: str,
+        started: dict[str, Any],
+        slot: int = 0,
+        on_kill: Any = None,
+    ) -> None:
         super().__init__()
         self.actor, self.actor_name = actor, actor_name
+        self.slot = slot
+        """The instance's slot in a shared actor (0: the actor is its own)."""
+        self._on_kill = on_kill
         self.node_id, self.node_ip = started["node_id"], started["node_ip"]
         self.actor_pid: int = started["pid"]  # the actor's process, on its node
         self.isolation = _isolation(started, actor_name)
@@ -211,6 +293,7 @@ class RayChannel(Channel):
         self._alive = True
         self._contact = time.monotonic()
         self._ended = ""  # why the actor is gone, when it is
+        self._lost = False  # Ray reported the actor dead (a shared one fails all its slots)
 
     def _call(self, method: str, timeout: float, *args: Any) -> dict[str, Any]:
         """One actor call. A call past `timeout` raises TimeoutError (`Channel` kills the
@@ -219,12 +302,14 @@ class RayChannel(Channel):
         if self.actor is None:
             raise ActorLost(f"{method}: {self._ended or 'the sandbox was killed'}")
         try:
-            result = ray.get(getattr(self.actor, method).remote(*args), timeout=timeout)
+            call = getattr(self.actor, method)
+            result = ray.get(call.remote(*args, slot=self.slot), timeout=timeout)
         except ray.exceptions.GetTimeoutError:
             self._ended = f"the Ray actor did not answer {method} within {timeout:.1f} s"
             raise TimeoutError(self._ended) from None
         except ray.exceptions.RayError as error:
             self._ended = f"the sandbox's Ray actor is gone: {_first_line(error)}"
+            self._lost = True
             self.kill()
             raise ActorLost(f"{method}: {self._ended}") from None
         self._contact = time.monotonic()
@@ -281,14 +366,18 @@ class RayChannel(Channel):
         return self._alive
 
     def kill(self) -> None:
-        """Stop the inner worker (its cgroup and scratch removed on the node), then the actor."""
+        """Stop the inner worker (its cgroup and scratch removed on the node), then the actor
+        (a shared actor: when its last instance goes)."""
         self._alive = False
         actor, self.actor = self.actor, None
         if actor is None:
             return
         ray = _ray()
         with contextlib.suppress(Exception):
-            ray.get(actor.kill.remote(), timeout=2.0)
+            ray.get(actor.kill.remote(slot=self.slot), timeout=2.0)
+        if self._on_kill is not None:
+            self._on_kill(lost=self._lost)
+            return
         with contextlib.suppress(Exception):
             ray.kill(actor, no_restart=True)
 
@@ -327,6 +416,8 @@ def _first_line(error: BaseException) -> str:
 def _inner_backend(inner: str | Backend) -> Backend:
     if not isinstance(inner, str):
         return inner
+    if inner == "inline":
+        return _InlineBackend()
     from toolgym.sandbox.process import ProcessBackend
 
     if inner == "process":
@@ -337,17 +428,102 @@ def _inner_backend(inner: str | Backend) -> Backend:
         from toolgym.sandbox.docker import DockerBackend
 
         return DockerBackend()
-    raise ValueError(f"unknown inner sandbox {inner!r}; expected process, docker or local")
+    raise ValueError(f"unknown inner sandbox {inner!r}; expected process, docker, local or inline")
+
+
+class _InlineBackend:
+    """Instances in the actor's own process (inner="inline")."""
+
+    name = "inline"
+
+    def start(self, target: type | None = None) -> Channel:
+        if getattr(target, "runs_model_code", False):
+            raise SandboxError(
+                f"inner='inline' hosts no model code: {target.__name__} declares "
+                "runs_model_code (use inner='process')"
+            )
+        return _InlineChannel()
+
+
+class _InlineChannel(Channel):
+    """An instance in the actor's own process behind the worker's request handler
+    (`Worker.handle`): the same protocol, no isolation. Each request runs in a thread of its
+    own under the request's timeout; past it the instance is dropped (the thread is left to
+    finish: nothing in a process can be killed alone)."""
+
+    def __init__(self) -> None:
+        from toolgym.sandbox.worker import Worker
+
+        super().__init__()
+        self._out: deque[bytes] = deque()
+        self._worker = Worker(reader=None, writer=self)  # type: ignore[arg-type]
+        self._alive = True
+        self.isolation = Isolation(
+            backend="inline",
+            network=True,
+            filesystem="host",
+            notes=["inline: in the Ray actor's own process, no isolation (trusted code only)"],
+        )
+
+    def write(self, data: bytes) -> None:  # the worker's writer
+        self._out.append(bytes(data))
+
+    def flush(self) -> None:
+        pass
+
+    def _write(self, data: bytes, timeout: float) -> None:
+        if not self._alive:
+            raise OSError("the inline instance was closed")
+        for line in data.splitlines():
+            replies: list[tuple[dict[str, Any], bool]] = []
+            thread = threading.Thread(target=self._handle, args=(line, replies), daemon=True)
+            thread.start()
+            thread.join(timeout)
+            if thread.is_alive():
+                self._alive = False
+                raise TimeoutError
+            reply, last = replies[0]
+            self._worker._send(reply)
+            if last:
+                self._alive = False
+
+    def _handle(self, line: bytes, replies: list[tuple[dict[str, Any], bool]]) -> None:
+        try:
+            request = json.loads(line)
+            if not isinstance(request, dict):
+                raise ValueError("a request is a JSON object")
+        except ValueError as error:
+            failure = {"type": "ValueError", "message": str(error)}
+            replies.append(({"id": None, "ok": False, "error": failure}, False))
+            return
+        replies.append((self._worker.handle(request), request.get("op") == "exit"))
+
+    def _read(self, timeout: float) -> bytes:
+        if self._out:
+            return self._out.popleft()
+        if not self._alive:
+            return b""
+        raise TimeoutError
+
+    @property
+    def alive(self) -> bool:
+        return self._alive
+
+    def kill(self) -> None:
+        self._alive = False
 
 
 class _Relay:
-    """The actor: hosts one inner worker on its node and relays bytes; no protocol logic."""
+    """The actor: hosts inner workers on its node (one per slot; slot 0 when the actor is the
+    instance's own) and relays bytes; no protocol logic."""
 
     def __init__(self) -> None:
-        self.channel: Channel | None = None
-        self._lock = threading.Lock()
+        self.channels: dict[int, Channel] = {}
+        self._locks: dict[int, threading.Lock] = {}
 
-    def start(self, inner: str | Backend, module: str | None, qualname: str | None) -> dict:
+    def start(
+        self, inner: str | Backend, module: str | None, qualname: str | None, slot: int = 0
+    ) -> dict:
         import ray
 
         target = None
@@ -355,20 +531,22 @@ class _Relay:
             target = importlib.import_module(module)
             for part in qualname.split("."):
                 target = getattr(target, part)
-        self.channel = _inner_backend(inner).start(target)
+        channel = _inner_backend(inner).start(target)
+        self._locks[slot] = threading.Lock()
+        self.channels[slot] = channel
         context = ray.get_runtime_context()
         return {
-            "isolation": self.channel.isolation,
+            "isolation": channel.isolation,
             "node_id": context.get_node_id(),
             "node_ip": ray.util.get_node_ip_address(),
             "pid": os.getpid(),
         }
 
-    def exchange(self, data: bytes, timeout: float) -> dict[str, Any]:
+    def exchange(self, data: bytes, timeout: float, slot: int = 0) -> dict[str, Any]:
         """Send one request line and return the reply's bytes (read until a newline, then
         whatever else is waiting); bytes already waiting are returned unsent instead."""
-        channel = self._channel()
-        with self._lock:
+        channel = self._channel(slot)
+        with self._locks[slot]:
             before, eof = self._drain(channel)
             if before or eof:
                 return self._result(channel, data=b"", eof=eof, before=before)
@@ -380,29 +558,32 @@ class _Relay:
                 return self._result(channel, error=f"{type(error).__name__}: {error}")
             return self._read_line(channel, time.monotonic() + timeout)
 
-    def read(self, timeout: float) -> dict[str, Any]:
+    def read(self, timeout: float, slot: int = 0) -> dict[str, Any]:
         """Bytes until a newline (or `timeout`), then whatever else is waiting."""
-        channel = self._channel()
-        with self._lock:
+        channel = self._channel(slot)
+        with self._locks[slot]:
             return self._read_line(channel, time.monotonic() + timeout)
 
-    def state(self) -> dict[str, Any]:
-        return {"alive": self.channel is not None and self.channel.alive}
+    def state(self, slot: int = 0) -> dict[str, Any]:
+        channel = self.channels.get(slot)
+        return {"alive": channel is not None and channel.alive}
 
-    def describe(self) -> dict[str, Any]:
-        channel = self.channel
+    def describe(self, slot: int = 0) -> dict[str, Any]:
+        channel = self.channels.get(slot)
         description = channel.exit_description() if channel is not None else "no worker"
         return {"description": description, "alive": channel is not None and channel.alive}
 
-    def kill(self) -> dict[str, Any]:
-        if self.channel is not None:
-            self.channel.kill()
+    def kill(self, slot: int = 0) -> dict[str, Any]:
+        channel = self.channels.pop(slot, None)
+        if channel is not None:
+            channel.kill()
         return {"alive": False}
 
-    def _channel(self) -> Channel:
-        if self.channel is None:
-            raise RuntimeError("no worker was started in this actor")
-        return self.channel
+    def _channel(self, slot: int) -> Channel:
+        channel = self.channels.get(slot)
+        if channel is None:
+            raise RuntimeError("no worker was started in this actor's slot (or it was killed)")
+        return channel
 
     def _read_line(self, channel: Channel, deadline: float) -> dict[str, Any]:
         received, eof, error = b"", False, None

@@ -154,3 +154,33 @@ def test_the_trainer_trains_on_what_a_rollout_function_played(tmp_path):
         [t for t, m in zip(sample.completion_ids, sample.loss_mask, strict=True) if not m]
     )
     assert trainer.evaluate(rows)["episodes"] == 1
+
+
+def test_on_message_reaches_a_rollout_function_and_tool_messages_name_their_failure():
+    """A user's rollout function tells `on_message` of the prompt (at its first `start`) and
+    of what it adds; the chat loop's tool messages carry `failure` (None when a call worked)."""
+    from helpers import scripted_agent
+
+    tokenizer = tiny_tokenizer()
+
+    async def answer_once(ctx: RolloutContext, env) -> Trajectory:
+        trajectory = ctx.start()
+        answer = await ctx.generate(trajectory)
+        ctx.add_message(trajectory, {"role": "assistant", "content": answer.text})
+        return trajectory
+
+    seen = []
+    agent = inline_agent(tokenizer, ["The number is 7.<|im_end|>"])
+    agent.run(
+        [Judge()],
+        [{"prompt": "Go."}],
+        rollout_fn=answer_once,
+        on_message=lambda index, message: seen.append((index, message["role"])),
+    )
+    assert seen == [(0, "user"), (0, "assistant")]
+
+    call = '<tool_call>\n{"name": "%s", "arguments": {"seconds": 0}}\n</tool_call><|im_end|>'
+    agent = scripted_agent(tokenizer, [call % "wait", call % "shout", "done<|im_end|>"])
+    (trajectory,) = agent.run([Judge()], [{"prompt": "Go."}])
+    tool_messages = [m for m in trajectory.messages if m["role"] == "tool"]
+    assert [m["failure"] for m in tool_messages] == [None, "unknown_tool"], tool_messages

@@ -704,6 +704,9 @@ def hostile_run(folder: Path) -> list[Trajectory]:
         {"role": "assistant", "content": "", "reasoning_content": HOSTILE, "tool_calls": [call]},
         {"role": "tool", "name": "guess", "content": f"Error: {HOSTILE}"},
         {"role": "tool", "name": "guess", "content": "Errors so far: none"},
+        # newer files name each call's failure: that, not the wording, decides
+        {"role": "tool", "name": "guess", "content": "Error: echoed back", "failure": None},
+        {"role": "tool", "name": "guess", "content": "quietly wrong", "failure": "tool_error"},
         {"role": "assistant", "content": HOSTILE, "raw_content": HOSTILE},
     ]
     trajectories[0].error = HOSTILE
@@ -786,7 +789,7 @@ def check_huge_curves(browser: Browser) -> None:
 
 def check_html_as_text(browser: Browser) -> None:
     """Markup in messages, tool calls, the error and the row is shown as text, never parsed;
-    only a tool result starting with "Error:" is marked as a failure."""
+    a tool result is marked as a failure by its `failure` (older files: by "Error:")."""
     shown = js(browser, "document.querySelector('#view-episode').textContent")
     assert shown.count(HOSTILE) >= 6
     parsed = "document.querySelectorAll('#view-episode img, #view-episode script').length"
@@ -796,7 +799,7 @@ def check_html_as_text(browser: Browser) -> None:
         "[...document.querySelectorAll('#conversation .msg[data-role=\"tool\"]')]"
         ".map(m => m.classList.contains('tool-error'))",
     )
-    assert failed == [True, False]
+    assert failed == [True, False, False, True]
 
 
 def check_pending_tokens(browser: Browser, gate: threading.Event, trajectory: Trajectory) -> None:

@@ -24,15 +24,22 @@ environment's `get_reward()` after the function returns.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from toolgym.agents.engines.base import Completion
 from toolgym.agents.inline import observation_ids
+from toolgym.agents.parsers import ParsedMessage, type_arguments
 from toolgym.agents.trajectory import Status, Trajectory
+from toolgym.envs.calls import MalformedToolCall, ToolCall
 
 if TYPE_CHECKING:
+    from toolgym.agents.chat import ChatRenderer
+    from toolgym.agents.limits import AgentLimits
     from toolgym.envs.calls import StepResult
+    from toolgym.envs.inline import InlineStep
 
 
 @dataclass
@@ -44,6 +51,8 @@ class Generation:
     finish_reason: Literal["stop", "length"]
     ended_turn: bool
     """The model ended its turn (an end-of-turn or end-of-text token)."""
+    last_token: int | None = None
+    """The last sampled token id (which stop token ended the turn), None if none."""
 
 
 class EpisodeEnd(Exception):
@@ -56,7 +65,8 @@ class EpisodeEnd(Exception):
 
 class RolloutContext:
     """What a rollout function gets besides the environment: the prompt, the tools, and
-    helpers that keep exact tokens and masks.
+    helpers that keep exact tokens, masks, limits and metrics. The built-in protocols (the
+    chat tool-call loop and the inline protocol, `toolgym.agents.protocols`) use only these.
 
     Attributes:
         messages: The row's prompt with `reset()`'s observation appended (chat messages).
@@ -71,24 +81,60 @@ class RolloutContext:
         self.trajectory: Trajectory | None = None
         self.hit_length = False
         """The last `generate` stopped at `max_new_tokens` (the episode then ends `length`)."""
+        self._per_turn: Trajectory | None = None  # the trajectory kept one sample per turn
+        self._told = False  # the prompt went to `on_message`
 
     @property
     def tokenizer(self) -> Any:
         """The agent's tokenizer."""
         return self._episode.agent.tokenizer
 
+    @property
+    def renderer(self) -> ChatRenderer:
+        """The agent's chat renderer (template, end-of-turn and stop tokens)."""
+        return self._episode.agent.renderer
+
+    @property
+    def limits(self) -> AgentLimits:
+        """The episode's limits."""
+        return self._episode.limits
+
+    @property
+    def turns(self) -> int:
+        """Generations so far (what `max_turns` counts)."""
+        return int(self._episode.metrics["turns"])
+
     def start(
         self,
         messages: list[dict[str, Any]] | None = None,
         tools: list[dict[str, Any]] | None = None,
+        per_turn: bool = False,
     ) -> Trajectory:
         """A trajectory whose prompt is the chat template's rendering of `messages` (default:
-        `self.messages`) with `tools` (default: none), ending with the generation prompt."""
+        `self.messages`) with `tools` (default: none), ending with the generation prompt.
+        `per_turn`: the trajectory is kept one sample per turn (`next_turn` starts each
+        after the first; `generate` records each in `Trajectory.turns`). The first call tells
+        `on_message` of the prompt."""
         messages = list(self.messages if messages is None else messages)
-        prompt_ids = self._episode.agent.renderer.prompt_ids(messages, tools or [])
+        prompt_ids = self.renderer.prompt_ids(messages, tools or [])
         self.trajectory = Trajectory(prompt_ids, messages=messages)
+        self._per_turn = self.trajectory if per_turn else None
         self._episode.first_prompt_length = len(prompt_ids)
+        if not self._told:
+            self._told = True
+            for message in messages:
+                self._episode.on_message(message)
         return self.trajectory
+
+    def next_turn(self, trajectory: Trajectory, tools: list[dict[str, Any]] | None = None) -> None:
+        """Per-turn trajectories: the next turn's prompt is the template's rendering of the
+        conversation so far (`trajectory.messages`); the sequence becomes that prompt."""
+        try:
+            prompt_ids = self.renderer.prompt_ids(trajectory.messages, tools or [])
+        except Exception as error:
+            raise EpisodeEnd("env_error", f"the chat template cannot render: {error}") from error
+        trajectory.prompt_ids = prompt_ids
+        trajectory.completion_ids, trajectory.loss_mask, trajectory.logprobs = [], [], []
 
     async def generate(
         self, trajectory: Trajectory, stop_strings: list[str] | None = None
@@ -99,40 +145,115 @@ class RolloutContext:
         `max_new_tokens`. Raises `EpisodeEnd("max_turns")` past `AgentLimits.max_turns`
         calls and `EpisodeEnd("length")` when the token budget is spent."""
         episode = self._episode
-        if episode.metrics["turns"] >= episode.limits.max_turns:
+        if self.turns >= self.limits.max_turns:
             raise EpisodeEnd("max_turns")
-        completion = await episode.generate(trajectory, stop_strings)
+        completion: Completion = await episode.generate(trajectory, stop_strings)
         episode.metrics["turns"] += 1
         trajectory.append(completion.token_ids, sampled=True, logprobs=completion.logprobs)
+        if trajectory is self._per_turn:
+            trajectory.turns.append(
+                {
+                    "prompt_ids": trajectory.prompt_ids,
+                    "completion_ids": list(completion.token_ids),
+                    "logprobs": list(completion.logprobs),
+                }
+            )
         self.hit_length = completion.finish_reason == "length"
-        stops = episode.agent.renderer.stop_token_ids
-        ended = (
-            completion.finish_reason == "stop"
-            and completion.token_ids[-1:] != []
-            and (completion.token_ids[-1] in stops)
-        )
-        return Generation(episode.decode(completion), completion.finish_reason, ended)
+        last = completion.token_ids[-1] if completion.token_ids else None
+        ended = completion.finish_reason == "stop" and last in self.renderer.stop_token_ids
+        return Generation(episode.decode(completion), completion.finish_reason, ended, last)
 
     def observe(self, trajectory: Trajectory, text: str) -> None:
         """Append `text` as tokens the model did not sample (mask 0), tokenized on their own
         and checked to decode exactly after what precedes them. Raises `EpisodeEnd("length")`
         if they do not fit."""
-        episode = self._episode
         ids, exact = observation_ids(self.tokenizer, trajectory.completion_ids, text)
-        episode.metrics["inexact_observations"] += not exact
-        if episode.room(trajectory) < len(ids):
+        self._episode.metrics["inexact_observations"] += not exact
+        self.observe_ids(trajectory, ids)
+
+    def observe_ids(self, trajectory: Trajectory, ids: list[int]) -> None:
+        """Append token ids the model did not sample (mask 0), e.g. a template's rendering of
+        tool results. Raises `EpisodeEnd("length")` if they do not fit."""
+        if self._episode.room(trajectory) < len(ids):
             raise EpisodeEnd("length")
         trajectory.append(ids, sampled=False)
 
-    async def step(self, tool_calls: Any) -> StepResult:
+    def add_message(self, trajectory: Trajectory, message: dict[str, Any]) -> None:
+        """Add a message to the trajectory's conversation and tell `on_message` of it."""
+        trajectory.messages.append(message)
+        self._episode.on_message(message)
+
+    async def parse(self, text: str) -> ParsedMessage:
+        """The tool calls in `text`, typed by the tools' schemas, each with an id; parsed off
+        the event loop (a long hostile message must not stall the other episodes). A parser
+        that raises (a user's own) makes the text one malformed call, never ends the run."""
+        parsed = await asyncio.to_thread(self._parse, text)
+        self._episode.metrics["parse_failures"] += parsed.failures
+        turn = max(self.turns - 1, 0)
+        for index, call in enumerate(parsed.tool_calls):
+            if call.id is None:  # 9 letters and digits: Mistral's templates require that shape
+                call.id = f"c{turn:04d}{index:04d}"
+        return parsed
+
+    def _parse(self, text: str) -> ParsedMessage:
+        try:
+            return type_arguments(self._episode.agent.parse(text), self.tools)
+        except TimeoutError:
+            raise  # a caller's time limit, not the text's doing
+        except Exception as error:
+            reason = f"the parser failed ({type(error).__name__}: {error})"
+            return ParsedMessage(text.strip(), [MalformedToolCall(text, reason)])
+
+    async def step(self, tool_calls: Any, trajectory: Trajectory | None = None) -> StepResult:
         """Run one turn's tool calls on the environment under the agent's limits: a call
         past `tool_call_timeout` or a turn past `tool_timeout` ends the episode with
         `tool_timeout`, a call that kills its sandbox worker with `tool_crash`, more than
         `max_tool_calls_per_turn` calls with `too_many_calls`, an environment failure with
-        `env_error` (each raises `EpisodeEnd`)."""
+        `env_error` (each raises `EpisodeEnd`). With `trajectory`, the results' messages join
+        its conversation first (also those of a failed call)."""
         step = await self._episode.call_tools(tool_calls)
+        if trajectory is not None:
+            for message in step.messages:
+                self.add_message(trajectory, message)
         end_if_failed(step)
         return step
+
+    async def final_answer(self, text: str) -> None:
+        """Hand the model's final text to the environment's `final_answer` (under the tool
+        limits, failures ending the episode as for `step`)."""
+        await self._episode.final_answer(text)
+
+    async def inline_step(self, trajectory: Trajectory, text: str) -> InlineStep:
+        """The environment's `inline_step` on the text the model wrote up to a marker; its
+        reward joins `trajectory.step_rewards` at the current end of the sequence."""
+        step = await self._episode.inline_step(text)
+        trajectory.step_rewards.append(
+            {"end": len(trajectory.completion_ids), "reward": step.reward}
+        )
+        return step
+
+
+def assistant_message(text: str, parsed: ParsedMessage) -> dict[str, Any]:
+    """The assistant turn as a chat message: its content without reasoning or call markup (the
+    raw text where a call was malformed), its reasoning (`reasoning_content`, when it wrote
+    any), its calls (a malformed one as `invalid_tool_call`, which its error result answers, so
+    that templates can render the conversation), and the text as sampled (`raw_content`)."""
+    calls = [
+        {
+            "type": "function",
+            "id": call.id,
+            "function": {"name": call.name, "arguments": call.arguments}
+            if isinstance(call, ToolCall)
+            else {"name": "invalid_tool_call", "arguments": {}},
+        }
+        for call in parsed.tool_calls
+    ]
+    content = text if parsed.failures else parsed.content  # a malformed call stays visible
+    message: dict[str, Any] = {"role": "assistant", "content": content, "tool_calls": calls}
+    if parsed.reasoning:
+        message["reasoning_content"] = parsed.reasoning
+    message["raw_content"] = text
+    return message
 
 
 def end_if_failed(step: Any) -> None:

@@ -19,15 +19,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from toolgym.agents.chat import ChatRenderer
-from toolgym.agents.custom import EpisodeEnd, RolloutContext, RolloutFn, end_if_failed
+from toolgym.agents.custom import EpisodeEnd, RolloutContext, RolloutFn
 from toolgym.agents.engines.base import Completion, Engine, GenerationRequest, SamplingParams
-from toolgym.agents.inline import observation_ids
 from toolgym.agents.limits import AgentLimits
-from toolgym.agents.parsers import ParsedMessage, Parser, get_parser, type_arguments
+from toolgym.agents.parsers import Parser, get_parser
+from toolgym.agents.protocols import chat_rollout, inline_rollout
 from toolgym.agents.trajectory import MODEL_FAILURES, Status, Trajectory
 from toolgym.envs.calls import (
-    MalformedToolCall,
-    ToolCall,
     as_call_list,
     as_episode_metrics,
     run_coroutine,
@@ -245,7 +243,7 @@ class Agent:
                 episode = Episode(self, as_environment(env), dict(row), seed, batcher)
                 if on_message is not None:
                     episode.on_message = functools.partial(on_message, index)
-                trajectory = await (episode.play_with(rollout_fn) if rollout_fn else episode.play())
+                trajectory = await episode.play(rollout_fn)
             finally:
                 batcher.episode_ended()
             if on_episode_end is not None:
@@ -288,36 +286,17 @@ class Episode:
             0.0,
         )
 
-    async def play(self) -> Trajectory:
-        """Play the episode to its end; its trajectory (never raises)."""
-        try:
-            first = await asyncio.to_thread(self.env.reset, seed=self.seed, **self.row)
-            messages = _prompt_messages(self.prompt, first)
-            markers = list(getattr(self.env, "inline_markers", ()) or ())
-            tools = [] if markers else self.env.tools  # inline episodes call no tools
-            prompt_ids = self.agent.renderer.prompt_ids(messages, tools)
-        except Exception as error:
-            return await self._finish(
-                Trajectory([], messages=_prompt_messages(self.prompt, None)), "env_error", error
-            )
-        trajectory = Trajectory(prompt_ids, messages=list(messages))
-        for message in messages:
-            self.on_message(message)
-        self.first_prompt_length = len(prompt_ids)
-        try:
-            if markers:
-                status = await self._inline_turn(trajectory, markers)
-            else:
-                status = await self._turns(trajectory, tools)
-        except EpisodeEnd as end:
-            return await self._finish(trajectory, end.status, end.error)
-        return await self._finish(trajectory, status)
-
-    async def play_with(self, rollout_fn: RolloutFn) -> Trajectory:
-        """Play the episode with a user's rollout function; its trajectory (never raises)."""
+    async def play(self, rollout_fn: RolloutFn | None = None) -> Trajectory:
+        """Play the episode to its end with `rollout_fn` (default: the inline protocol for an
+        environment with `inline_markers`, else the chat tool-call loop); its trajectory
+        (never raises)."""
         try:
             first = await asyncio.to_thread(self.env.reset, seed=self.seed, **self.row)
             context = RolloutContext(self, _prompt_messages(self.prompt, first))
+            if rollout_fn is None:
+                inline = getattr(self.env, "inline_markers", None)
+                rollout_fn = inline_rollout if inline else chat_rollout
+                context.tools = [] if inline else context.tools
         except Exception as error:
             return await self._finish(
                 Trajectory([], messages=_prompt_messages(self.prompt, None)), "env_error", error
@@ -332,139 +311,21 @@ class Episode:
             return await self._finish(context.trajectory or Trajectory([]), end.status, end.error)
         except Exception as error:
             failed = context.trajectory or Trajectory([])
-            return await self._finish(
-                failed, "env_error", f"the rollout function failed: {error!r}"
-            )
+            what = "the rollout function failed" if context.trajectory else "the episode failed"
+            return await self._finish(failed, "env_error", f"{what}: {error!r}")
         return await self._finish(trajectory, "length" if context.hit_length else "finished")
 
-    async def _turns(self, trajectory: Trajectory, tools: list[dict]) -> Status:
-        renderer = self.agent.renderer
-        for turn in range(self.limits.max_turns):
-            if renderer.per_turn and turn > 0:
-                self._start_turn_sample(trajectory, tools)
-            completion = await self.generate(trajectory)
-            self.metrics["turns"] += 1
-            trajectory.append(completion.token_ids, sampled=True, logprobs=completion.logprobs)
-            if renderer.per_turn:
-                trajectory.turns.append(
-                    {
-                        "prompt_ids": trajectory.prompt_ids,
-                        "completion_ids": list(completion.token_ids),
-                        "logprobs": list(completion.logprobs),
-                    }
-                )
-            text = self.decode(completion)
-            # off the event loop: a long hostile message must not stall the other episodes
-            parsed = _with_call_ids(await asyncio.to_thread(self._parse, text, tools), turn)
-            self.metrics["parse_failures"] += parsed.failures
-            trajectory.messages.append(_assistant_message(text, parsed))
-            self.on_message(trajectory.messages[-1])
-            if completion.finish_reason == "length":
-                return "length"
-            if not parsed.tool_calls:
-                await self._final_answer(parsed.content)
-                return "finished"
-            step = await self.call_tools(parsed.tool_calls)
-            trajectory.messages.extend(step.messages)
-            for message in step.messages:
-                self.on_message(message)
-            end_if_failed(step)
-            if step.terminated:
-                return "finished" if step.info.get("answered") else "env_done"
-            if step.truncated:
-                return "max_turns"
-            if renderer.per_turn:
-                continue  # the next turn's prompt is the template's rendering of it all
-            stopped_on_call_end = completion.token_ids[-1] == renderer.call_end_id
-            if completion.token_ids[-1] != renderer.end_of_turn_id and not stopped_on_call_end:
-                trajectory.append([renderer.end_of_turn_id], sampled=False)  # stopped on EOS
-            try:
-                suffix = renderer.tool_suffix_ids(step.messages, tools, stopped_on_call_end)
-            except Exception as error:
-                raise EpisodeEnd(
-                    "env_error", f"the chat template cannot render: {error}"
-                ) from error
-            if self.room(trajectory) < len(suffix):
-                return "length"
-            trajectory.append(suffix, sampled=False)
-        return "max_turns"
-
-    async def _inline_turn(self, trajectory: Trajectory, markers: list[str]) -> Status:
-        """The inline protocol: one assistant turn, generation stopping after each marker, the
-        environment's observation appended inline (mask 0), until the model ends its turn
-        (its last piece goes to `final_answer`), the environment is done, or a limit hits.
-        Each generation counts as a turn against `max_turns`."""
-        start = len(trajectory.completion_ids)
-        try:
-            for _ in range(self.limits.max_turns):
-                completion = await self.generate(trajectory, stop_strings=markers)
-                self.metrics["turns"] += 1
-                trajectory.append(completion.token_ids, sampled=True, logprobs=completion.logprobs)
-                if completion.finish_reason == "length":
-                    return "length"
-                text = self.decode(completion)
-                if completion.token_ids[-1:] and (
-                    completion.token_ids[-1] in self.agent.renderer.stop_token_ids
-                ):
-                    await self._final_answer(text)
-                    return "finished"
-                step = await self._inline_step(text)
-                trajectory.step_rewards.append(
-                    {"end": len(trajectory.completion_ids), "reward": step.reward}
-                )
-                if step.observation:
-                    ids, exact = observation_ids(
-                        self.agent.tokenizer, trajectory.completion_ids, step.observation
-                    )
-                    self.metrics["inexact_observations"] += not exact
-                    fits = self.room(trajectory) >= len(ids)
-                    if fits:
-                        trajectory.append(ids, sampled=False)
-                    elif not step.done:  # a last observation that does not fit is dropped
-                        return "length"
-                if step.done:
-                    return "env_done"
-                if getattr(self.env, "truncated", False):
-                    return "max_turns"
-            return "max_turns"
-        finally:
-            text = self.agent.tokenizer.decode(
-                trajectory.completion_ids[start:], skip_special_tokens=False
-            )
-            trajectory.messages.append({"role": "assistant", "content": text, "raw_content": text})
-            self.on_message(trajectory.messages[-1])
-
-    async def _final_answer(self, text: str) -> None:
+    async def final_answer(self, text: str) -> None:
         """The environment's `final_answer`, off the event loop and under the tool timeout
         (a sandbox that died or hangs ends this episode, not the run)."""
         await self._env_call(asyncio.to_thread(self.env.final_answer, text), "final_answer")
 
-    async def _inline_step(self, text: str) -> InlineStep:
+    async def inline_step(self, text: str) -> InlineStep:
+        """The environment's `inline_step`, counted as a tool call, under the tool timeout."""
         step = await self._env_call(self.env.ainline_step(text), "inline_step")
         self.metrics["tool_calls"] += 1
         self.metrics["tool_failures"] += step.failed
         return step
-
-    def _parse(self, text: str, tools: list[dict]) -> ParsedMessage:
-        """The turn's calls, typed by the tools' schemas; a parser that raises (a user's own)
-        makes the turn one malformed call instead of ending the run."""
-        try:
-            return type_arguments(self.agent.parse(text), tools)
-        except TimeoutError:
-            raise  # a caller's time limit, not the text's doing
-        except Exception as error:
-            reason = f"the parser failed ({type(error).__name__}: {error})"
-            return ParsedMessage(text.strip(), [MalformedToolCall(text, reason)])
-
-    def _start_turn_sample(self, trajectory: Trajectory, tools: list[dict]) -> None:
-        """Per-turn episodes: the next turn's prompt is the template's rendering of the
-        conversation so far; the trajectory's sequence becomes that prompt."""
-        try:
-            prompt_ids = self.agent.renderer.prompt_ids(trajectory.messages, tools)
-        except Exception as error:
-            raise EpisodeEnd("env_error", f"the chat template cannot render: {error}") from error
-        trajectory.prompt_ids = prompt_ids
-        trajectory.completion_ids, trajectory.loss_mask, trajectory.logprobs = [], [], []
 
     def room(self, trajectory: Trajectory) -> int:
         """Tokens the next turn may still add: the episode budget counts every token after the
@@ -522,6 +383,9 @@ class Episode:
         else:
             work, backstop = self.env.astep(calls), limits.tool_timeout
         step = await self._env_call(work, "tool calls", backstop)
+        if len(step.results) == len(step.messages):  # each message names its call's failure
+            for message, result in zip(step.messages, step.results, strict=True):
+                message.setdefault("failure", result.failure)
         self.metrics["tool_calls"] += step.info["tool_calls"]
         self.metrics["tool_failures"] += step.info["tool_failures"]
         return step
@@ -648,38 +512,6 @@ def _prompt_messages(prompt: Any, first_observation: str | None) -> list[dict[st
     if not messages:
         raise ValueError("the row has no 'prompt' and reset() returned no observation")
     return messages
-
-
-def _assistant_message(text: str, parsed: ParsedMessage) -> dict[str, Any]:
-    """The assistant turn as a chat message: its content without reasoning or call markup (the
-    raw text where a call was malformed), its reasoning (`reasoning_content`, when it wrote
-    any), its calls (a malformed one as `invalid_tool_call`, which its error result answers, so
-    that templates can render the conversation), and the text as sampled (`raw_content`)."""
-    calls = [
-        {
-            "type": "function",
-            "id": call.id,
-            "function": {"name": call.name, "arguments": call.arguments}
-            if isinstance(call, ToolCall)
-            else {"name": "invalid_tool_call", "arguments": {}},
-        }
-        for call in parsed.tool_calls
-    ]
-    content = text if parsed.failures else parsed.content  # a malformed call stays visible
-    message: dict[str, Any] = {"role": "assistant", "content": content, "tool_calls": calls}
-    if parsed.reasoning:
-        message["reasoning_content"] = parsed.reasoning
-    message["raw_content"] = text
-    return message
-
-
-def _with_call_ids(parsed: ParsedMessage, turn: int) -> ParsedMessage:
-    """Give calls without one an id of 9 letters and digits (`c0001` turn, then index): tool
-    results carry it back, and some templates (Mistral) require exactly that shape."""
-    for index, call in enumerate(parsed.tool_calls):
-        if call.id is None:
-            call.id = f"c{turn:04d}{index:04d}"
-    return parsed
 
 
 def _is_plain(value: Any) -> bool:

@@ -26,7 +26,8 @@ Status = Literal[
 What the model causes is the model's: every status but the infrastructure failures is an
 outcome of the policy, and enters the baselines and the loss with the reward the environment
 reports (typically 0 for an episode that failed; a dead sandbox worker's last reported
-reward), or `AgentLimits.model_failure_reward` for the model's failures where it is set. In particular (issue 32 item 5):
+reward), or `AgentLimits.model_failure_reward` for the model's failures where it is set. In
+particular (issue 32 item 5):
 
 - `tool_timeout` is the model's: its calls decide how long the tools run (code that sleeps
   or spins, a call that waits on purpose, many calls that add up). It applies to each call

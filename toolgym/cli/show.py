@@ -40,8 +40,11 @@ STATUS_STYLES = {
 
 
 def is_tool_failure(message: dict[str, Any]) -> bool:
-    """Whether a `role: tool` message reports a failed call: toolgym words every failure
-    (unknown tool, bad arguments, an exception, a malformed call) as `Error: ...`."""
+    """Whether a `role: tool` message reports a failed call: its `failure` (the failure's
+    kind, None for a call that worked); files written before tool messages carried it fall
+    back to the `Error: ...` wording toolgym gives every failure."""
+    if "failure" in message:
+        return bool(message["failure"])
     content = str(message.get("content") or "")
     return message.get("name") == "invalid_tool_call" or content.startswith("Error:")
 

@@ -559,6 +559,12 @@ function compactJson(value) {
   return Object.entries(value).map(([k, v]) => `${k}: ${typeof v === "number" ? fmt(v) : JSON.stringify(v)}`).join("\n");
 }
 
+// A tool message names its call's failure (None when it worked); older files only word it "Error: ...".
+function toolFailed(message, content) {
+  if ("failure" in message) return Boolean(message.failure);
+  return content.startsWith("Error:");
+}
+
 function conversation(messages) {
   const lastAssistant = messages.map((m) => m.role).lastIndexOf("assistant");
   return messages.map((message, position) => {
@@ -567,7 +573,7 @@ function conversation(messages) {
     const content = String(message.content ?? "");
     const classes = [`msg`, `role-${message.role}`];
     if (final) classes.push("final");
-    if (message.role === "tool" && content.startsWith("Error:")) classes.push("tool-error"); // as toolgym words a failed call
+    if (message.role === "tool" && toolFailed(message, content)) classes.push("tool-error");
     const label = final ? "assistant · final answer" : message.role + (message.name ? ` · ${message.name}` : "");
     const parts = [el("div", { class: "role", text: label })];
     if (message.reasoning_content) {

@@ -1,0 +1,87 @@
+"""The built-in rollout functions: the chat tool-call loop and the inline protocol.
+
+Both are written against the public `RolloutContext`, exactly as a user's `rollout_fn` is:
+the context owns limits, metrics and token bookkeeping, so "generate, count, append" and the
+end-of-turn rule live there once. `Agent.run` plays an environment with `inline_rollout`
+when it declares `inline_markers`, else with `chat_rollout`, unless a `rollout_fn` is given.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from toolgym.agents.custom import EpisodeEnd, RolloutContext, assistant_message
+from toolgym.agents.trajectory import Trajectory
+
+
+async def chat_rollout(ctx: RolloutContext, env: Any) -> Trajectory:
+    """The chat tool-call loop: the model writes a turn, its tool calls run, their results
+    are appended as the template renders them (mask 0), until the model answers without a
+    call (its text goes to `final_answer`), the environment ends the episode, or a limit.
+
+    Prefix-preserving templates make one sequence; others one sample per turn, each turn's
+    prompt the template's rendering of the conversation so far (`ChatRenderer.per_turn`)."""
+    renderer, tools = ctx.renderer, ctx.tools
+    trajectory = ctx.start(tools=tools, per_turn=renderer.per_turn)
+    for turn in range(ctx.limits.max_turns):
+        if renderer.per_turn and turn > 0:
+            ctx.next_turn(trajectory, tools)
+        generation = await ctx.generate(trajectory)
+        parsed = await ctx.parse(generation.text)
+        ctx.add_message(trajectory, assistant_message(generation.text, parsed))
+        if generation.finish_reason == "length":
+            raise EpisodeEnd("length")
+        if not parsed.tool_calls:
+            await ctx.final_answer(parsed.content)
+            return trajectory
+        step = await ctx.step(parsed.tool_calls, trajectory)
+        if step.terminated:
+            raise EpisodeEnd("finished" if step.info.get("answered") else "env_done")
+        if step.truncated:
+            raise EpisodeEnd("max_turns")
+        if renderer.per_turn:
+            continue  # the next turn's prompt is the template's rendering of it all
+        stopped_on_call_end = generation.last_token == renderer.call_end_id
+        if generation.last_token != renderer.end_of_turn_id and not stopped_on_call_end:
+            ctx.observe_ids(trajectory, [renderer.end_of_turn_id])  # it stopped on EOS
+        try:
+            suffix = renderer.tool_suffix_ids(step.messages, tools, stopped_on_call_end)
+        except Exception as error:
+            raise EpisodeEnd("env_error", f"the chat template cannot render: {error}") from error
+        ctx.observe_ids(trajectory, suffix)
+    raise EpisodeEnd("max_turns")
+
+
+async def inline_rollout(ctx: RolloutContext, env: Any) -> Trajectory:
+    """The inline protocol: one assistant turn, generation stopping after each of the
+    environment's `inline_markers`, its observation appended inline (mask 0), until the model
+    ends its turn (its last piece goes to `final_answer`), the environment is done, or a
+    limit. Each generation counts as a turn against `max_turns`; the conversation gets the
+    whole turn as one assistant message."""
+    markers = list(getattr(env, "inline_markers", ()) or ())
+    trajectory = ctx.start()  # inline episodes call no tools
+    start = len(trajectory.completion_ids)
+    try:
+        for _ in range(ctx.limits.max_turns):
+            generation = await ctx.generate(trajectory, stop_strings=markers)
+            if generation.finish_reason == "length":
+                raise EpisodeEnd("length")
+            if generation.ended_turn:
+                await ctx.final_answer(generation.text)
+                return trajectory
+            step = await ctx.inline_step(trajectory, generation.text)
+            if step.observation:
+                try:
+                    ctx.observe(trajectory, step.observation)
+                except EpisodeEnd:
+                    if not step.done:
+                        raise
+                    # a last observation that does not fit is dropped
+            if step.done:
+                raise EpisodeEnd("env_done")
+            if getattr(env, "truncated", False):
+                raise EpisodeEnd("max_turns")
+        raise EpisodeEnd("max_turns")
+    finally:
+        text = ctx.tokenizer.decode(trajectory.completion_ids[start:], skip_special_tokens=False)
+        ctx.add_message(trajectory, {"role": "assistant", "content": text, "raw_content": text})

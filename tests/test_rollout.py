@@ -426,3 +426,43 @@ def test_undecodable_tool_output_is_escaped_and_the_samples_save(tokenizer, tmp_
     assert "\\udcfe" in trajectory.messages[0]["content"]
     save_jsonl([trajectory], tmp_path / "samples.jsonl")
     assert load_jsonl(tmp_path / "samples.jsonl")[0].messages == trajectory.messages
+
+
+def test_concurrent_runs_keep_their_own_sampling(tokenizer):
+    """An evaluation's greedy settings are passed to its run only: training rollouts in flight
+    at the same time (GRPO's producer thread with max_staleness > 0) keep their temperature,
+    and the agent's own settings are never swapped."""
+    import asyncio
+
+    from toolgym.agents import SamplingParams
+
+    seen: dict[str, set[float]] = {}
+
+    def record(prompt_ids):
+        text = tokenizer.decode(prompt_ids)
+        kind = "eval" if "EVAL" in text else "train"
+        seen.setdefault(kind, set()).add(record.temperature)
+        return ids(tokenizer, "done<|im_end|>")
+
+    class Recording(ScriptedEngine):
+        def generate(self, requests):
+            completions = []
+            for request in requests:
+                record.temperature = request.sampling.temperature
+                completions.extend(super().generate([request]))
+            return completions
+
+    engine = Recording(record)
+    agent = Agent(engine, tokenizer, parser="hermes", sampling=SamplingParams(temperature=0.7))
+
+    async def both():
+        train = agent.arun([Wordle() for _ in range(8)], [{"prompt": "TRAIN"}] * 8)
+        greedy = SamplingParams(temperature=0.0)
+        evaluation = agent.arun(
+            [Wordle() for _ in range(8)], [{"prompt": "EVAL"}] * 8, sampling=greedy
+        )
+        return await asyncio.gather(train, evaluation)
+
+    asyncio.run(both())
+    assert seen == {"train": {0.7}, "eval": {0.0}}
+    assert agent.sampling.temperature == 0.7

@@ -188,6 +188,7 @@ class Agent:
         on_episode_end: Callable[[Trajectory], None] | None = None,
         rollout_fn: RolloutFn | None = None,
         on_message: MessageHook | None = None,
+        sampling: SamplingParams | None = None,
     ) -> list[Trajectory]:
         """Play one episode per (environment, row); returns trajectories in input order.
 
@@ -201,6 +202,9 @@ class Agent:
             on_message: Called with (episode index, message) as each message joins an
                 episode's conversation: the prompt, each assistant turn, each tool result
                 (live displays such as `toolgym play`).
+            sampling: Temperature and top-p for these episodes only (default: the agent's
+                `sampling`); concurrent runs with different settings never see each other's
+                (an evaluation while training rollouts are in flight).
         """
 
         async def with_tool_threads() -> list[Trajectory]:
@@ -208,7 +212,9 @@ class Agent:
             loop.set_default_executor(
                 ThreadPoolExecutor(self.tool_threads, thread_name_prefix="toolgym-tool")
             )
-            return await self.arun(envs, rows, seeds, on_episode_end, rollout_fn, on_message)
+            return await self.arun(
+                envs, rows, seeds, on_episode_end, rollout_fn, on_message, sampling
+            )
 
         return run_coroutine(with_tool_threads())
 
@@ -230,6 +236,7 @@ class Agent:
         on_episode_end: Callable[[Trajectory], None] | None = None,
         rollout_fn: RolloutFn | None = None,
         on_message: MessageHook | None = None,
+        sampling: SamplingParams | None = None,
     ) -> list[Trajectory]:
         """The async form of `run`."""
         if len(envs) != len(rows):
@@ -240,7 +247,7 @@ class Agent:
         async def play(index: int, env: Any, row: Row, seed: int | None) -> Trajectory:
             batcher.episode_started()
             try:
-                episode = Episode(self, as_environment(env), dict(row), seed, batcher)
+                episode = Episode(self, as_environment(env), dict(row), seed, batcher, sampling)
                 if on_message is not None:
                     episode.on_message = functools.partial(on_message, index)
                 trajectory = await episode.play(rollout_fn)
@@ -266,8 +273,10 @@ class Episode:
         row: Row,
         seed: int | None,
         batcher: PerRequest | RequestBatcher,
+        sampling: SamplingParams | None = None,
     ) -> None:
         self.agent, self.env, self.batcher = agent, env, batcher
+        self.sampling = sampling or agent.sampling  # read once: never swapped under the episode
         self.on_message: Callable[[dict[str, Any]], None] = lambda message: None
         """Told of each message as it joins the conversation (`Agent.run`'s `on_message`)."""
         self.prompt = row.pop("prompt", None)
@@ -344,8 +353,8 @@ class Episode:
             raise EpisodeEnd("length")
         sampling = SamplingParams(
             max_tokens=min(self.limits.max_new_tokens, room),
-            temperature=self.agent.sampling.temperature,
-            top_p=self.agent.sampling.top_p,
+            temperature=self.sampling.temperature,
+            top_p=self.sampling.top_p,
             stop_token_ids=self.agent.renderer.stop_token_ids,
             stop_strings=stop_strings or [],
         )

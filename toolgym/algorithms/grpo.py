@@ -572,17 +572,20 @@ class GRPOTrainer:
         rows = [dict(r) for r in (rows if rows is not None else self.eval_rows)]
         if not rows:
             raise ValueError("no evaluation rows (pass eval_dataset or rows)")
-        sampling = self.agent.sampling
-        self.agent.sampling = SamplingParams(temperature=temperature, top_p=1.0)
+        # passed to this run only: training rollouts in flight (max_staleness > 0) keep theirs
+        sampling = SamplingParams(temperature=temperature, top_p=1.0)
         envs: list[Any] = []
         try:
             envs.extend(self.make_env() for _ in rows)
             with self.stages.stage("evaluation"):
                 trajectories = self.agent.run(
-                    envs, rows, list(range(len(rows))), rollout_fn=self.rollout_fn
+                    envs,
+                    rows,
+                    list(range(len(rows))),
+                    rollout_fn=self.rollout_fn,
+                    sampling=sampling,
                 )
         finally:
-            self.agent.sampling = sampling
             close_all(envs)
         if samples_file and self.accelerator.is_main_process:
             save_jsonl(trajectories, self._path(samples_file))

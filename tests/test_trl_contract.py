@@ -420,3 +420,86 @@ def test_an_agent_sees_and_calls_a_tool_bound_in_init():
     (trajectory,) = agent.run([PerInstance()], [{"prompt": "Look it up."}])
     assert trajectory.status == "finished"
     assert trajectory.messages[-2]["content"] == "results for kiwi"
+
+
+# -- (e) the random module: a warning at first reset, and a way to opt in ----------------------
+import random  # noqa: E402
+import warnings  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
+from random import randint  # noqa: E402
+
+from toolgym.envs.seeding import UnseededRandomWarning  # noqa: E402
+
+WORDS = ["apple", "berry", "cherry", "grape", "lemon", "mango", "peach", "plum"]
+
+
+def _task_class(**attributes):
+    """A plain class that draws its task from the `random` module (TRL examples do)."""
+
+    def reset(self, **kwargs) -> str:
+        self.word = random.choice(WORDS)
+        self.number = randint(0, 10**9)
+        return f"Guess the word ({len(self.word)} letters)."
+
+    def guess(self, word: str) -> str:
+        """Guess the word.
+
+        Args:
+            word: The guess.
+        """
+        return "right" if word == self.word else "wrong"
+
+    return type("RandomTask", (), {"reset": reset, "guess": guess, **attributes})
+
+
+def test_a_class_drawing_from_the_random_module_is_warned_at_first_reset():
+    env = toolgym.as_environment(_task_class()())
+    with pytest.warns(UnseededRandomWarning) as caught:
+        env.reset(seed=0)
+    (warning,) = caught
+    message = str(warning.message)
+    assert "RandomTask.reset: random.choice" in message
+    assert "randint (from random)" in message and "seed_global_random = True" in message
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        env.reset(seed=1)  # once per class
+
+    class OwnGenerator:
+        def reset(self, seed=None, **kwargs) -> str:
+            self.rng = random.Random(seed)
+            return random.Random(seed).choice(WORDS) + self.rng.choice(WORDS)
+
+    class Drawer(toolgym.Environment):
+        def reset(self) -> None:
+            self.value = random.random()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        toolgym.as_environment(OwnGenerator()).reset(seed=0)
+    with pytest.warns(UnseededRandomWarning, match=r"Drawer\.reset: random\.random"):
+        Drawer().reset(seed=0)
+
+
+def test_opting_in_seeds_the_random_module_before_each_reset():
+    cls = _task_class(seed_global_random=True)
+    envs = [toolgym.as_environment(cls()) for _ in range(8)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an opted-in class is not warned about
+        with ThreadPoolExecutor(8) as pool:  # resets run concurrently, as in the agent loop
+            list(pool.map(lambda env: env.reset(seed=3), envs))
+    states = {(env.executor.instance.word, env.executor.instance.number) for env in envs}
+    assert len(states) == 1  # a group starts from one state
+    envs[0].reset(seed=4)
+    assert (envs[0].executor.instance.word, envs[0].executor.instance.number) not in states
+
+    class Drawer(toolgym.Environment):
+        seed_global_random = True
+
+        def reset(self) -> None:
+            self.value = random.random()
+
+    first, second = Drawer(), Drawer()
+    first.reset(seed=0)
+    random.random()
+    second.reset(seed=0)
+    assert first.value == second.value

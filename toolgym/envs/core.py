@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from toolgym.envs.calls import AnyToolCall, StepResult, ToolCall, accepted_kwargs, run_coroutine
 from toolgym.envs.inline import InlineStep
+from toolgym.envs.seeding import global_random_seeded, warn_if_unseedable
 from toolgym.envs.stepping import LocalExecutor, Stepper
 
 
@@ -42,6 +43,10 @@ class Environment:
     reward: float = 0.0
     done: bool = False
     max_turns: int | None = None
+    seed_global_random: ClassVar[bool] = False
+    """Set True if the class draws from the `random` module (not `self.rng`) and cannot be
+    changed: toolgym then seeds the module with the episode's seed before each reset (such
+    resets take turns); without it, the first reset warns (`toolgym.envs.seeding`)."""
     reward_per_step: ClassVar[bool] = True
     """Whether `step` reports the change of `reward` over each step (the reward is read before
     and after every step). An `Environment`'s tools set a plain `reward` attribute, so reading
@@ -208,11 +213,13 @@ def _with_episode_start(reset: Callable[..., Any]) -> Callable[..., Any]:
             else:
                 seed = self.__dict__.get("_episode_seed")
             return _resolved(reset(self, **pass_kwargs({**row, "seed": seed})))
+        warn_if_unseedable(type(self))
         self._start_episode(seed)
         self._episode_seed = seed
         self._resetting = 1
         try:
-            return _resolved(reset(self, **pass_kwargs({**row, "seed": seed})))
+            with global_random_seeded(type(self), seed):  # where the class asked
+                return _resolved(reset(self, **pass_kwargs({**row, "seed": seed})))
         finally:
             self._resetting = 0
 

@@ -34,6 +34,7 @@ from toolgym.envs.calls import (
     run_coroutine,
 )
 from toolgym.envs.inline import InlineStep, as_inline_step
+from toolgym.envs.seeding import global_random_seeded, warn_if_unseedable
 from toolgym.envs.tools import (
     Tool,
     ToolArgumentError,
@@ -127,8 +128,8 @@ class LocalExecutor(Executor):
         if hasattr(self.instance, "done"):
             with contextlib.suppress(AttributeError):  # a read-only property
                 self.instance.done = False
-        observation = self.instance.reset(**accepted_kwargs(self.instance.reset)(row))
-        return _resolved(observation)
+        with global_random_seeded(self.target, row.get("seed")):  # where the class asked
+            return _resolved(self.instance.reset(**accepted_kwargs(self.instance.reset)(row)))
 
     def begin_episode(self) -> None:
         """Forget the last episode's answer (`reset`, and `Stepper.begin_episode`)."""
@@ -265,7 +266,10 @@ class Stepper:
     # -- the episode ---------------------------------------------------------------------------
     def reset(self, seed: int | None = None, **row: Any) -> str | None:
         """Start an episode from a dataset row's columns (only those the environment's `reset`
-        accepts reach it); a returned string is shown first."""
+        accepts reach it); a returned string is shown first. At a class's first reset, a
+        class that draws from the `random` module (which the seed cannot reach) is warned
+        about (`toolgym.envs.seeding`)."""
+        warn_if_unseedable(self.executor.target)
         observation = self.executor.reset({**row, "seed": seed})
         self.begin_episode()
         return None if observation is None else str(observation)

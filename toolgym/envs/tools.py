@@ -171,6 +171,7 @@ RESERVED_NAMES = frozenset(
         "max_turns",
         "stepper",
         "reward_per_step",
+        "seed_global_random",
     }
 )
 """Names of the environment protocol: never tools on `Environment` subclasses. On a plain
@@ -194,6 +195,7 @@ HOOK_NAMES: dict[str, str] = {
     "max_turns": "reads `max_turns` as the episode's turn limit (an attribute)",
     "inline_markers": "reads `inline_markers` as the inline protocol's markers (an attribute)",
     "reward_per_step": "reads `reward_per_step` as whether steps report reward changes",
+    "seed_global_random": "reads `seed_global_random` as whether to seed the random module",
 }
 """The names toolgym calls or reads on a plain instance, each with what it does with it."""
 

@@ -4,9 +4,16 @@ item 3, and the seed defect)."""
 
 from __future__ import annotations
 
+import math
+import random
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from random import randint
+
 import pytest
 
 import toolgym
+from toolgym.envs.seeding import UnseededRandomWarning
 
 
 # -- the seed: a `super().reset(...)` chain keeps it --------------------------------------------
@@ -225,6 +232,7 @@ def test_a_none_reward_leaves_the_sum_to_the_sources_that_score():
         [unscored, scored], [{"prompt": "a"}, {"prompt": "b"}], [None, None], [length_bonus]
     )
     assert totals == [0.25, 0.5]  # each scored by the sources that gave a value, as in TRL
+    assert math.isnan(sources["env"][0])
 
 
 @pytest.mark.xfail(
@@ -423,13 +431,6 @@ def test_an_agent_sees_and_calls_a_tool_bound_in_init():
 
 
 # -- (e) the random module: a warning at first reset, and a way to opt in ----------------------
-import random  # noqa: E402
-import warnings  # noqa: E402
-from concurrent.futures import ThreadPoolExecutor  # noqa: E402
-from random import randint  # noqa: E402
-
-from toolgym.envs.seeding import UnseededRandomWarning  # noqa: E402
-
 WORDS = ["apple", "berry", "cherry", "grape", "lemon", "mango", "peach", "plum"]
 
 

@@ -9,12 +9,12 @@ a message the model can act on.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import types
 import weakref
 from collections.abc import Callable
-import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, get_type_hints
 

@@ -10,6 +10,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "toolgym"
 LAYERS = [
+    "_exports",  # the lazy-export helper every package surface uses (standard library only)
     "envs",
     "sandbox",
     "registry",
@@ -168,3 +169,46 @@ def test_a_sandbox_worker_imports_no_heavy_library():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.strip()
     assert loaded == "[]", loaded
+
+
+def test_public_names_are_listed_once_and_all_resolve():
+    """`toolgym` and `toolgym.agents` export exactly the imports of their `TYPE_CHECKING`
+    block (one list, read by type checkers and by the lazy loader), each of which loads."""
+    import importlib
+
+    from toolgym._exports import exported_names
+
+    for package in ("toolgym", "toolgym.agents"):
+        module = importlib.import_module(package)
+        listed = exported_names(module.__file__)
+        assert set(module.__all__) - {"__version__"} == set(listed)
+        for name, home in listed.items():
+            assert getattr(module, name) is getattr(importlib.import_module(home), name)
+        assert dir(module) == module.__all__
+        with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
+            module.nothing_here  # noqa: B018
+
+
+def test_the_version_comes_from_the_package_metadata():
+    from importlib import metadata
+
+    import toolgym
+
+    assert toolgym.__version__ == metadata.version("toolgym")
+
+
+def test_importing_toolgym_starts_no_thread_and_no_exit_handler():
+    """Importing the package and its sandbox backends starts no thread, makes no pool and
+    registers no exit handler: those come with the first worker or container."""
+    import subprocess
+    import sys
+
+    code = (
+        "import atexit, threading\n"
+        "registered = []\n"
+        "atexit.register = lambda f, *a, **k: registered.append(f.__module__)\n"
+        "import toolgym, toolgym.agents, toolgym.sandbox.process, toolgym.sandbox.docker\n"
+        "print(threading.active_count(), sorted(set(m for m in registered if 'toolgym' in m)))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "1 []", done.stdout + done.stderr

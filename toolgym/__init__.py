@@ -8,17 +8,19 @@ result = env.step(toolgym.ToolCall("guess", {"word": "slate"}))
 
 Importing toolgym registers the built-in environments (and, where gymnasium is installed,
 their `toolgym/...` gymnasium ids); the rest loads on first use, so a sandbox worker that
-imports an environment module needs the standard library only.
+imports an environment module needs the standard library only. The public names are the
+imports of the `TYPE_CHECKING` block below, listed nowhere else (`toolgym._exports`).
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from toolgym import registry as _registry  # noqa: F401 (registers the built-ins)
+from toolgym import registry as _registry  # registers the built-ins
+from toolgym._exports import lazy_exports as _lazy_exports
+from toolgym._exports import package_version as _package_version
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the public names: type checkers read them, and lazy_exports too
     from toolgym.envs.calls import (
         MalformedToolCall,
         StepResult,
@@ -40,57 +42,6 @@ if TYPE_CHECKING:
         spec,
     )
 
-__version__ = "0.1.0"
-
-_HOMES = {
-    "Environment": "toolgym.envs.core",
-    "InlineStep": "toolgym.envs.inline",
-    "MalformedToolCall": "toolgym.envs.calls",
-    "StepResult": "toolgym.envs.calls",
-    "ToolCall": "toolgym.envs.calls",
-    "ToolError": "toolgym.envs.calls",
-    "ToolResult": "toolgym.envs.calls",
-    "Stepper": "toolgym.envs.stepping",
-    "as_environment": "toolgym.envs.stepping",
-    "ToolSchemaError": "toolgym.envs.tools",
-    "ProtocolClashError": "toolgym.envs.tools",
-    "ends_episode": "toolgym.envs.tools",
-    "hook": "toolgym.envs.tools",
-    "GymnasiumEnv": "toolgym.gym",
-    "EnvSpec": "toolgym.registry",
-    "UnknownEnvironmentError": "toolgym.registry",
-    "list_envs": "toolgym.registry",
-    "make": "toolgym.registry",
-    "register": "toolgym.registry",
-    "spec": "toolgym.registry",
-}
-
-__all__ = [
-    "EnvSpec",
-    "Environment",
-    "GymnasiumEnv",
-    "InlineStep",
-    "MalformedToolCall",
-    "ProtocolClashError",
-    "StepResult",
-    "Stepper",
-    "ToolCall",
-    "ToolError",
-    "ToolResult",
-    "ToolSchemaError",
-    "UnknownEnvironmentError",
-    "__version__",
-    "as_environment",
-    "ends_episode",
-    "hook",
-    "list_envs",
-    "make",
-    "register",
-    "spec",
-]
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module 'toolgym' has no attribute {name!r}")
-    return getattr(importlib.import_module(_HOMES[name]), name)
+__all__, __getattr__, __dir__ = _lazy_exports(
+    __name__, __file__, {"__version__": lambda: _package_version("toolgym")}
+)

@@ -7,10 +7,11 @@ Names load on first use (`from toolgym.agents import Agent` imports the rollout 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the names below, for type checkers and editors
+from toolgym._exports import lazy_exports
+
+if TYPE_CHECKING:  # the public names: type checkers read them, and lazy_exports too
     from toolgym.agents.chat import ChatRenderer, TemplateError
     from toolgym.agents.custom import EpisodeEnd, Generation, RolloutContext, RolloutFn
     from toolgym.agents.engines import (
@@ -28,66 +29,4 @@ if TYPE_CHECKING:  # the names below, for type checkers and editors
     from toolgym.agents.rollout import Agent
     from toolgym.agents.trajectory import STATUSES, Trajectory, load_jsonl, save_jsonl, summarize
 
-_HOMES = {
-    "PARSERS": "parsers",
-    "ParsedMessage": "parsers",
-    "get_parser": "parsers",
-    "STATUSES": "trajectory",
-    "Trajectory": "trajectory",
-    "load_jsonl": "trajectory",
-    "save_jsonl": "trajectory",
-    "summarize": "trajectory",
-    "Agent": "rollout",
-    "EpisodeEnd": "custom",
-    "Generation": "custom",
-    "RolloutContext": "custom",
-    "RolloutFn": "custom",
-    "AgentLimits": "limits",
-    "ChatRenderer": "chat",
-    "TemplateError": "chat",
-    "Completion": "engines",
-    "Engine": "engines",
-    "GenerationRequest": "engines",
-    "HFEngine": "engines",
-    "SamplingParams": "engines",
-    "ScriptedEngine": "engines",
-    "VLLMEngine": "engines",
-    "VLLMServerEngine": "engines",
-}
-
-__all__ = [
-    "PARSERS",
-    "STATUSES",
-    "Agent",
-    "AgentLimits",
-    "ChatRenderer",
-    "Completion",
-    "Engine",
-    "EpisodeEnd",
-    "Generation",
-    "GenerationRequest",
-    "HFEngine",
-    "ParsedMessage",
-    "RolloutContext",
-    "RolloutFn",
-    "SamplingParams",
-    "ScriptedEngine",
-    "TemplateError",
-    "Trajectory",
-    "VLLMEngine",
-    "VLLMServerEngine",
-    "get_parser",
-    "load_jsonl",
-    "save_jsonl",
-    "summarize",
-]
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module 'toolgym.agents' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"toolgym.agents.{_HOMES[name]}"), name)
-
-
-def __dir__() -> list[str]:
-    return __all__
+__all__, __getattr__, __dir__ = lazy_exports(__name__, __file__)

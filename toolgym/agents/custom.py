@@ -174,7 +174,7 @@ class RolloutContext:
     def observe_ids(self, trajectory: Trajectory, ids: list[int]) -> None:
         """Append token ids the model did not sample (mask 0), e.g. a template's rendering of
         tool results. Raises `EpisodeEnd("length")` if they do not fit."""
-        if self._episode.room(trajectory) < len(ids):
+        if self._episode.tokens_left(trajectory) < len(ids):
             raise EpisodeEnd("length")
         trajectory.append(ids, sampled=False)
 

@@ -336,7 +336,7 @@ class Episode:
         self.metrics["tool_failures"] += step.failed
         return step
 
-    def room(self, trajectory: Trajectory) -> int:
+    def tokens_left(self, trajectory: Trajectory) -> int:
         """Tokens the next turn may still add: the episode budget counts every token after the
         first prompt (model and observation), the context counts the whole sequence."""
         length = len(trajectory.prompt_ids) + len(trajectory.completion_ids)
@@ -348,7 +348,7 @@ class Episode:
         self, trajectory: Trajectory, stop_strings: list[str] | None = None
     ) -> Completion:
         """A completion continuing `trajectory` under the episode's limits (not appended)."""
-        room = self.room(trajectory)
+        room = self.tokens_left(trajectory)
         if room <= 0:
             raise EpisodeEnd("length")
         sampling = SamplingParams(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import io
 import os
 import select
@@ -203,6 +204,7 @@ class DockerBackend:
             # the worker silences itself after its hello; this caps what comes before
             log_config={"type": "json-file", "config": {"max-size": "1m", "max-file": "1"}},
         )
+        _register_exit_handler()  # at the first container, not at import
         _started.add(container.id)
         try:
             stream = container.attach_socket(params={"stdin": 1, "stdout": 1, "stream": 1})
@@ -405,8 +407,13 @@ def _remove(container: Any) -> None:
     _started.discard(container.id)
 
 
-@atexit.register
+@functools.cache
+def _register_exit_handler() -> None:
+    atexit.register(_remove_own_containers)
+
+
 def _remove_own_containers() -> None:
+    """At exit: remove the containers this process started."""
     if not _started:
         return
     try:

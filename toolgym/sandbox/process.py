@@ -54,7 +54,12 @@ from toolgym.sandbox.scratch import remove_stale as remove_stale_scratch
 
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here, not between fork and exec
-_SPAWNER = ThreadPoolExecutor(1, thread_name_prefix="toolgym-spawn")
+
+
+@functools.cache
+def _spawner() -> ThreadPoolExecutor:
+    """The one long-lived thread that starts workers (made at the first start, not import)."""
+    return ThreadPoolExecutor(1, thread_name_prefix="toolgym-spawn")
 
 
 @dataclass
@@ -143,7 +148,8 @@ class ProcessBackend:
         # --die-with-parent) fires when the spawning *thread* exits, and rollouts start
         # workers from short-lived pool threads.
         try:
-            process = _SPAWNER.submit(
+            spawner = _spawner()
+            process = spawner.submit(
                 subprocess.Popen,
                 launch.command,
                 stdin=subprocess.PIPE,

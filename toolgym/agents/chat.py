@@ -38,7 +38,7 @@ from toolgym.agents.templates import training_template_for
 Message = dict[str, Any]
 logger = logging.getLogger(__name__)
 
-_PROBE_CALL = {
+_PROBE_CALL: dict[str, Any] = {
     "type": "function",
     "id": "call00001",
     "function": {"name": "lookup", "arguments": {"key": "k"}},
@@ -150,7 +150,7 @@ class ChatRenderer:
     ) -> list[int]:
         """Ids to append after the model's end-of-turn token (or after `call_end`, where the
         model stopped on that): tool turns + generation prompt."""
-        before = [
+        before: list[Message] = [
             {"role": "user", "content": "u"},
             {"role": "assistant", "content": "", "tool_calls": [_PROBE_CALL]},
         ]
@@ -273,7 +273,7 @@ class ChatRenderer:
         found = self._leading_special_token(tail)
         if found is not None:
             return found[0], found[1], False
-        before_tool = [
+        before_tool: list[Message] = [
             {"role": "user", "content": "u"},
             {"role": "assistant", "content": _PROBE_CONTENT, "tool_calls": [_PROBE_CALL]},
         ]
@@ -337,7 +337,7 @@ class ChatRenderer:
             return None
         if two.count(last) > 1:  # written between calls: part of the call syntax
             return None
-        before = [
+        before: list[Message] = [
             {"role": "user", "content": "u"},
             {"role": "assistant", "content": "", "tool_calls": [_PROBE_CALL]},
         ]

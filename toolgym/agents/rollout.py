@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 from toolgym.agents.chat import ChatRenderer
 from toolgym.agents.custom import EpisodeEnd, RolloutContext, RolloutFn
@@ -279,6 +279,9 @@ class Episode:
         self.sampling = sampling or agent.sampling  # read once: never swapped under the episode
         self.on_message: Callable[[dict[str, Any]], None] = lambda message: None
         """Told of each message as it joins the conversation (`Agent.run`'s `on_message`)."""
+        self.first_prompt_length: int | None = None
+        """The first prompt's length (set by `RolloutContext.start`): the token budget counts
+        every token after it."""
         self.prompt = row.pop("prompt", None)
         self.row, self.seed = row, seed
         self.limits = agent.limits
@@ -340,7 +343,7 @@ class Episode:
         """Tokens the next turn may still add: the episode budget counts every token after the
         first prompt (model and observation), the context counts the whole sequence."""
         length = len(trajectory.prompt_ids) + len(trajectory.completion_ids)
-        used = length - self.first_prompt_length
+        used = length - (self.first_prompt_length or len(trajectory.prompt_ids))
         context = self.agent.engine.context_length - length
         return min(self.limits.max_episode_tokens - used, context)
 
@@ -418,7 +421,7 @@ class Episode:
                 raise EpisodeEnd("tool_timeout", error) from error
             raise EpisodeEnd("tool_timeout", f"{what} took over {timeout:g} s") from error
         except Exception as error:
-            raise EpisodeEnd(failure_status(error), error) from error
+            raise EpisodeEnd(cast(Status, failure_status(error)), error) from error
         finally:
             self.metrics["tool_seconds"] += time.perf_counter() - started
 
@@ -479,9 +482,7 @@ class Episode:
         self.metrics["observation_tokens"] = float(
             max(
                 0,
-                added
-                - getattr(self, "first_prompt_length", len(trajectory.prompt_ids))
-                - model_tokens,
+                added - (self.first_prompt_length or len(trajectory.prompt_ids)) - model_tokens,
             )
             if trajectory.turns
             else len(trajectory.loss_mask) - model_tokens

@@ -216,7 +216,8 @@ class SandboxPool:
             self._starter.submit(self._start_one)
 
     def _start_one(self) -> None:
-        env = None
+        env: RemoteEnvironment | None = None
+        failure: Exception | None = None
         try:
             env = RemoteEnvironment(
                 self.target,
@@ -226,9 +227,7 @@ class SandboxPool:
                 pool=self,
             )
         except Exception as error:
-            failure: Exception | None = error
-        else:
-            failure = None
+            failure = error
         with self._changed:
             self._starting -= 1
             if failure is not None:
@@ -236,7 +235,7 @@ class SandboxPool:
                 self._failures_in_a_row += 1
                 self.last_start_error = failure
                 self._schedule_retry()
-            elif not self._closed:
+            elif env is not None and not self._closed:
                 self._failures_in_a_row = 0
                 self._idle.append(env)
                 self.stats["started"] += 1

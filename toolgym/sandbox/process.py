@@ -171,7 +171,7 @@ class ProcessBackend:
         _record_process_limit(isolation, hello, self.limits)
         if getattr(target, "runs_model_code", False):
             for note in isolation.notes:  # a gap in what holds the model's code: never silent
-                _warn_once(f"process sandbox for {target.__qualname__}: {note}")
+                _warn_once(f"process sandbox for {getattr(target, '__qualname__', target)}: {note}")
         return channel
 
     def _launch(self, target: type | None) -> _Launch:

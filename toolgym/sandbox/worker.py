@@ -69,8 +69,15 @@ class Worker:
     ) -> None:
         self.reader, self.writer = reader, writer
         self.hello = {"pid": os.getpid(), "python": platform.python_version(), **(hello or {})}
-        self.executor: LocalExecutor | None = None
+        self._executor: LocalExecutor | None = None
         self._limits = _own_limits()
+
+    @property
+    def executor(self) -> LocalExecutor:
+        """The instance's executor (`create` makes it; other ops are refused before that)."""
+        if self._executor is None:
+            raise RuntimeError("no environment instance yet: send 'create' first")
+        return self._executor
 
     def serve(self) -> None:
         """Say hello, then answer requests until `exit` or the end of input."""
@@ -103,12 +110,12 @@ class Worker:
                 )
             if handler is None:
                 raise ValueError(f"unknown op {op!r}")
-            if op not in ("create", "ping", "exit") and self.executor is None:
+            if op not in ("create", "ping", "exit") and self._executor is None:
                 raise RuntimeError("no environment yet (send create first)")
             reply.update(ok=True, value=handler(request))
         except Exception as error:
             reply.update(ok=False, error=_error(error))
-        if self.executor is not None and op not in ("ping", "exit"):
+        if self._executor is not None and op not in ("ping", "exit"):
             reply["state"] = self._state()
         return reply
 
@@ -128,7 +135,7 @@ class Worker:
                 "or DockerBackend(code_paths=...)"
             ) from None
         cls = getattr(module, request["name"])
-        self.executor = LocalExecutor(cls(**request.get("kwargs", {})))
+        self._executor = LocalExecutor(cls(**request.get("kwargs", {})))
         return {"max_turns": self.executor.max_turns}
 
     def _op_reset(self, request: dict[str, Any]) -> str | None:

@@ -223,7 +223,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _host_allowed(self) -> bool:
         """Whether the Host header names this server (127.0.0.1, localhost or the bound
         address, with its port): a DNS-rebound name does not."""
-        host, port = self.server.server_address[:2]
+        host, port = _host_and_port(self.server.server_address)
         allowed = {f"{name}:{port}" for name in ("127.0.0.1", "localhost", "[::1]", host)}
         return (self.headers.get("Host") or "").strip().lower() in allowed
 
@@ -294,7 +294,7 @@ class ViewerServer:
     @property
     def url(self) -> str:
         """The page's address, e.g. `http://127.0.0.1:8765/`."""
-        host, port = self._httpd.server_address[:2]
+        host, port = _host_and_port(self._httpd.server_address)
         return f"http://{host}:{port}/"
 
     def wait(self) -> None:
@@ -312,3 +312,9 @@ class ViewerServer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _host_and_port(address: Any) -> tuple[str, int]:
+    """A TCP server's bound host (as text) and port."""
+    host, port = address[:2]
+    return (host.decode() if isinstance(host, bytes) else str(host)), int(port)

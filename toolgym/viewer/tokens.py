@@ -71,7 +71,7 @@ class TokenDecoder:
         try:
             from toolgym.agents.models import load_tokenizer  # folder, hub id or smollm2-135m
 
-            self._tokenizer = load_tokenizer(self.source)
+            self._tokenizer = load_tokenizer(str(self.source))  # started only with a source
         except Exception as error:  # any failure: show ids only, and say why
             self.error = f"could not load the tokenizer from {self.source}: {error}"
         finally:
@@ -110,7 +110,7 @@ class TokenDecoder:
         try:
             text = self._tokenizer.decode([token_id], skip_special_tokens=False)
             raw = self._tokenizer.convert_ids_to_tokens(token_id)
-            found = (str(text), None if raw is None else str(raw))
+            found: tuple[str | None, str | None] = (str(text), None if raw is None else str(raw))
         except Exception:  # an id outside the vocabulary, or not an int
             found = (None, None)
         self._cache[token_id] = found

@@ -52,8 +52,7 @@ class ScriptedEngine:
             end = first_stop_string_end(ids[:end], request.sampling.stop_strings, decode) or end
         if end is not None:
             return Completion(ids[:end], [0.0] * end, "stop")
-        finish = "length" if len(reply) > len(ids) else "stop"
-        return Completion(ids, [0.0] * len(ids), finish)
+        return Completion(ids, [0.0] * len(ids), "length" if len(reply) > len(ids) else "stop")
 
     def _take(self) -> list[int]:
         with self._lock:

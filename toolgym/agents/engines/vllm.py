@@ -114,10 +114,10 @@ class VLLMEngine:
             llm_kwargs["kv_cache_memory_bytes"] = kv_cache_memory_bytes
         from vllm import LLM
 
-        self.llm = LLM(
+        self.llm: Any = LLM(  # None once closed
             model=resolve_model(model),
             max_model_len=context_length,
-            dtype=dtype,
+            dtype=dtype,  # type: ignore[arg-type]  # vLLM checks the name itself
             seed=seed,
             logprobs_mode="processed_logprobs",
             **llm_kwargs,
@@ -297,8 +297,7 @@ def _completion(output: Any) -> Completion:
     ]
     if len(logprobs) != len(ids):
         raise RuntimeError(f"vLLM returned {len(logprobs)} logprobs for {len(ids)} tokens")
-    finish = "length" if output.finish_reason == "length" else "stop"
-    return Completion(ids, logprobs, finish)
+    return Completion(ids, logprobs, "length" if output.finish_reason == "length" else "stop")
 
 
 def _cpu_weights(items: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:

@@ -171,6 +171,12 @@ _BARE = re.compile(r"[^,}\]]*")
 _SPACE = re.compile(r"\s*")
 
 
+def _matched_end(pattern: re.Pattern[str], text: str, i: int) -> int:
+    """Where `pattern`, which matches anywhere (perhaps nothing), ends when matched at `i`."""
+    match = pattern.match(text, i)
+    return i if match is None else match.end()
+
+
 class _GemmaReader:
     """Reads Gemma 4's argument syntax: `{k:v}`, `[v,...]`, `<|"|>text<|"|>`, bare literals."""
 
@@ -188,7 +194,7 @@ class _GemmaReader:
             return self.mapping(i)
         if text.startswith("[", i):
             return self.sequence(i)
-        end = _BARE.match(text, i).end()
+        end = _matched_end(_BARE, text, i)
         return _bare_literal(text[i:end].strip()), end
 
     def mapping(self, i: int) -> tuple[dict[str, Any], int]:
@@ -227,7 +233,7 @@ class _GemmaReader:
     def _skip(self, i: int) -> int:
         if i >= len(self.text):
             raise ValueError("cut off")
-        return _SPACE.match(self.text, i).end()
+        return _matched_end(_SPACE, self.text, i)
 
 
 _JSON_NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")

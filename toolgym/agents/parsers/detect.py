@@ -66,7 +66,10 @@ PROBE_TOOLS = [
         ("get_time", "Get the time in a time zone.", {"zone": {"type": "string"}}),
     )
 ]
-PROBE_CALLS = [("get_weather", {"city": "Paris", "days": 3}), ("get_time", {"zone": "UTC"})]
+PROBE_CALLS: list[tuple[str, dict[str, Any]]] = [
+    ("get_weather", {"city": "Paris", "days": 3}),
+    ("get_time", {"zone": "UTC"}),
+]
 
 
 @dataclass(frozen=True)
@@ -190,7 +193,7 @@ def _reads_back(parser: Parser, text: str, calls: int) -> bool:
     return _calls(type_arguments(parsed, PROBE_TOOLS)) == PROBE_CALLS[:calls]
 
 
-def _calls(parsed: ParsedMessage) -> list[tuple[str, Any]]:
+def _calls(parsed: ParsedMessage) -> list[tuple[str | None, Any]]:
     return [(getattr(c, "name", None), getattr(c, "arguments", None)) for c in parsed.tool_calls]
 
 

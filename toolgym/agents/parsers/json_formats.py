@@ -230,8 +230,8 @@ def parse_harmony(text: str) -> ParsedMessage:
             if len(calls) == MAX_CALLS:
                 calls.append(MalformedToolCall(text[:200], too_many_calls()))
                 break
-            name = header.split("to=functions.", 1)[1].split(None, 1)
-            name = name[0].split("<|", 1)[0] if name else ""
+            words = header.split("to=functions.", 1)[1].split(None, 1)
+            name = words[0].split("<|", 1)[0] if words else ""
             calls.append(json_arguments_call(name, body, header + body, closed))
         elif "<|channel|>analysis" in header:
             reasoning.append(body.strip())

@@ -52,7 +52,9 @@ def vllm_parser(name: str, tokenizer: Any, tools: list[dict] | None = None) -> P
     except KeyError:
         known = sorted(ToolParserManager.list_registered())
         raise ValueError(f"vLLM has no tool parser {name!r}; it has {known}") from None
-    request = ChatCompletionRequest(model="toolgym", messages=[], tools=tools or None)
+    request: Any = ChatCompletionRequest.model_validate(
+        {"model": "toolgym", "messages": [], "tools": tools or None}
+    )
     parser = parser_class(tokenizer, request.tools) if tools else parser_class(tokenizer)
     start = getattr(parser, "tool_call_start_token", None) or getattr(parser, "bot_token", None)
     lock = threading.Lock()  # rollouts parse in threads; vLLM's parsers keep state on `self`

@@ -103,7 +103,8 @@ def parse_glm(text: str) -> ParsedMessage:
 def _glm_calls(text: str) -> Iterator[AnyCall]:
     for match in _GLM_CALL.finditer(text):
         _, body, closing = match.groups()
-        name = body[: _GLM_NAME_END.search(body).start()].strip()
+        end = _GLM_NAME_END.search(body)  # matches at the latest at the end (\Z)
+        name = body[: end.start() if end else len(body)].strip()
         if not closing:
             yield MalformedToolCall(match.group(0), "cut off before </tool_call>")
         elif not name or name.startswith(("{", "<")):

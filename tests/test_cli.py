@@ -337,8 +337,14 @@ def test_optional_structured_flags_take_none_and_tuples_are_checked(tmp_path):
     args = _train_args("--reward-weights", "none", "--lora", "none", "--epsilon-high", "none")
     built = resolve_config(GRPOConfig, None, args)
     assert (built.reward_weights, built.lora, built.epsilon_high) == (None, None, None)
-    built = resolve_config(GRPOConfig, None, _train_args("--reward-weights", "1", "0.5"))
+    built = resolve_config(GRPOConfig, None, _train_args("--reward-weights", "1,0.5"))
     assert built.reward_weights == [1.0, 0.5]
+    # a list flag is one word, so ENV written after it is never taken as one of its values
+    args = build_parser().parse_args(
+        ["train", "--model", "m", "--report-to", "tensorboard,wandb", "Wordle-v0"]
+    )
+    assert args.env == "Wordle-v0"
+    assert resolve_config(GRPOConfig, None, args).report_to == ["tensorboard", "wandb"]
     config = tmp_path / "run.json"
     config.write_text(json.dumps({"adam_betas": [0.9, 0.95, 0.1]}))
     with pytest.raises(CLIError, match="adam_betas: expected 2 values, got 3"):

@@ -184,11 +184,10 @@ def argument_options(hint: Any, name: str = "value") -> dict[str, Any]:
     if base in (int, float, str):
         return {"type": scalar_type(base, optional), "metavar": metavar}
     if origin in (list, tuple) and args and args[0] in (int, float, str):
-        if origin is tuple and Ellipsis not in args:
-            nargs: int | str = len(args)
-        else:
-            nargs = "*" if origin is list else "+"
-        return {"type": scalar_type(args[0], optional), "nargs": nargs, "metavar": metavar}
+        if origin is tuple and Ellipsis not in args:  # exactly N words: never takes more
+            return {"type": scalar_type(args[0], optional), "nargs": len(args), "metavar": metavar}
+        # one comma-separated word: a list of words would swallow the ENV written after it
+        return {"type": comma_list(args[0], optional), "metavar": f"{metavar}[,{metavar}...]"}
     return {"type": json_value, "metavar": "JSON"}
 
 
@@ -211,6 +210,19 @@ def scalar_type(kind: type, optional: bool) -> Callable[[str], Any]:
         return kind(text)
 
     convert.__name__ = kind.__name__
+    return convert
+
+
+def comma_list(kind: type, optional: bool) -> Callable[[str], Any]:
+    """A converter of one command-line word of comma-separated values to a list of `kind`
+    (`none` / `null` to None if optional; an empty word to an empty list)."""
+
+    def convert(text: str) -> Any:
+        if optional and text.lower() in ("none", "null"):
+            return None
+        return [kind(part.strip()) for part in text.split(",")] if text.strip() else []
+
+    convert.__name__ = f"comma-separated {kind.__name__}"
     return convert
 
 

@@ -49,7 +49,7 @@ class GRPOConfig:
     always runs; `stopped_by` says why training ended). None: run `max_steps`. With a
     schedule that decays, `max_steps` still sets its length."""
     prompts_per_step: int = 4
-    """Distinct dataset rows per step (per process when several processes run)."""
+    """Distinct dataset rows per step in all (several processes share them out)."""
     num_generations: int = 8
     """Episodes per row (the group size); at least 2 for a group baseline."""
     micro_batch_size: int = 8

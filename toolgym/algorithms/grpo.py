@@ -183,7 +183,9 @@ class GRPOTrainer:
             self._sync_engine()
         # under a time budget the number of steps is not known in advance
         bar = self._progress(
-            "GRPO", None if self.args.max_seconds is not None else self.args.max_steps, self.step
+            type(self).__name__.removesuffix("Trainer"),  # GRPO, RLOO
+            None if self.args.max_seconds is not None else self.args.max_steps,
+            self.step,
         )
         self._train_started, self._train_first_step = time.perf_counter(), self.step
         self.stopped_by = ""

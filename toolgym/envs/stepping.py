@@ -48,7 +48,12 @@ from toolgym.envs.tools import (
 
 class Executor(Protocol):
     """Where an environment's state lives. Every method but `reset` may be called only after
-    `reset`; calls reach `run` / `arun` already checked against `table`."""
+    `reset`; calls reach `run` / `arun` already checked against `table`.
+
+    Two optional methods, which the `Stepper` prefers where an executor has them (the local
+    one does): `read_reward() -> float | None` (None: the environment reports no reward) and
+    `tool_table() -> dict[str, Tool]` (the instance's tools, tools bound in `__init__`
+    included); without them, `reward()` and the class's `tool_table(target)` are used."""
 
     target: type
     """The environment's class (its tools are `tool_table(target)`)."""

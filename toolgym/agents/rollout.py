@@ -437,17 +437,18 @@ class Episode:
         return self.agent.tokenizer.decode(ids, skip_special_tokens=False)
 
     async def _read_outcome(self, trajectory: Trajectory) -> None:
-        """The environment's reward and episode metrics into `trajectory`, each off the event
-        loop under the tool timeout; a failure or a hang is an `env_error` / `tool_timeout`
-        with reward 0 that names the call. An episode that already failed (its sandbox may be
+        """The environment's reward (None where it gives none) and episode metrics into
+        `trajectory`, each off the event loop under the tool timeout; a failure or a hang is an
+        `env_error` with reward 0 that names the call. An episode that already failed (its sandbox may be
         gone) gets no metrics."""
         read_metrics = getattr(self.env, "episode_metrics", None)
         if trajectory.ended_by_failure:  # the environment may be gone: keep the failure
             read_metrics = None
         what = "get_reward"
         try:
-            reward = float(await self._read(self.env.get_reward))
-            if not math.isfinite(reward):  # one NaN would poison its whole group
+            value = await self._read(self.env.get_reward)
+            reward = None if value is None else float(value)  # None: no reward (TRL, OpenEnv)
+            if reward is not None and not math.isfinite(reward):  # a NaN poisons its group
                 raise ValueError(f"the reward is {reward}, not a finite number")
             what = "episode_metrics"
             if callable(read_metrics):

@@ -74,7 +74,9 @@ class Trajectory:
         logprobs: The engine's logprob of each sampled token; 0.0 on observation tokens.
         messages: The conversation: prompt messages, then assistant and tool messages (assistant
             turns: parsed `content`, `reasoning_content`, `tool_calls`, and `raw_content`).
-        reward: The episode reward (the environment's unless reward functions replace it).
+        reward: The episode reward (the environment's unless reward functions replace it);
+            None where the environment gave none (TRL's and OpenEnv's "no reward": reward
+            functions score it, else it counts 0, as TRL sums the sources that score).
         rewards: Named reward components (e.g. per reward function).
         status: How the episode ended; one of `STATUSES`.
         error: What went wrong, for the failure statuses.
@@ -98,7 +100,7 @@ class Trajectory:
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     messages: list[dict[str, Any]] = field(default_factory=list)
-    reward: float = 0.0
+    reward: float | None = 0.0
     rewards: dict[str, float] = field(default_factory=dict)
     status: Status = "finished"
     error: str | None = None
@@ -202,7 +204,7 @@ def summarize(
     rows = [outcome(e) if isinstance(e, Trajectory) else e for e in episodes]
     if not rows:
         raise ValueError("no episodes to summarize")
-    rewards = [row["reward"] for row in rows]
+    rewards = [row["reward"] or 0.0 for row in rows]  # no reward counts 0, as in training
     return {
         "episodes": len(rows),
         "reward": statistics.fmean(rewards),

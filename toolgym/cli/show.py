@@ -103,7 +103,7 @@ def status_line(trajectory: Trajectory) -> Text:
     style = "bold red" if trajectory.status in INFRASTRUCTURE_FAILURES else "bold"
     parts = [
         f"status {trajectory.status}",
-        f"reward {trajectory.reward:.3f}",
+        "reward none" if trajectory.reward is None else f"reward {trajectory.reward:.3f}",
         f"turns {metrics.get('turns', 0):.0f}",
         f"tool calls {metrics.get('tool_calls', 0):.0f} "
         f"({metrics.get('tool_failures', 0):.0f} failed)",

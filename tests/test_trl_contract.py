@@ -504,3 +504,36 @@ def test_opting_in_seeds_the_random_module_before_each_reset():
     random.random()
     second.reset(seed=0)
     assert first.value == second.value
+
+
+# -- the same contract in a sandbox ------------------------------------------------------------
+@pytest.mark.skipif(
+    __import__("os").environ.get("TOOLGYM_REQUIRE_SANDBOXES") != "1"
+    and __import__("shutil").which("bwrap") is None,
+    reason="bubblewrap is not installed",
+)
+def test_a_sandboxed_plain_class_keeps_the_reward_contract_and_names_init_tools():
+    """In a process sandbox: a lazy reward is read once when asked (not frozen by the first
+    reply), None stays "no reward", and tools bound in `__init__` (which the host cannot build
+    schemas for) are refused at creation with their names."""
+    from toolgym.sandbox import SandboxError, sandboxed
+
+    lazy = sandboxed(LazyVerifier, {}, "process")
+    try:
+        lazy.reset()
+        lazy.step(toolgym.ToolCall("write_answer", {"text": "42"}))
+        assert lazy.get_reward() == 1.0  # before: 0.0, read by the worker before the call
+    finally:
+        lazy.close()
+    unscored = sandboxed(OpenEnvShaped, {}, "process")
+    try:
+        unscored.reset()
+        assert (
+            unscored.step(toolgym.ToolCall("echo", {"message": "hi"})).messages[0]["content"]
+            == "hi"
+        )
+        assert unscored.get_reward() is None  # before: SandboxError "reports no reward"
+    finally:
+        unscored.close()
+    with pytest.raises(SandboxError, match=r"binds tools in __init__ \(lookup\)"):
+        sandboxed(PerInstance, {}, "process")

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from toolgym.envs.calls import ToolCall, ToolResult, as_episode_metrics
 from toolgym.envs.inline import InlineStep, as_inline_step
 from toolgym.envs.stepping import Executor, Stepper
-from toolgym.envs.tools import tool_table
+from toolgym.envs.tools import HOOK_NAMES, RESERVED_NAMES, TRL_NOT_TOOLS, tool_table
 from toolgym.sandbox.worker import PROTOCOL_VERSION
 
 _log = logging.getLogger(__name__)
@@ -243,7 +243,8 @@ class RemoteExecutor(Executor):
         self.channel: Channel | None = None
         self.restarts = -1
         self._episodes = 0  # started on the current worker
-        self._reward, self._done, self._reward_error = 0.0, False, None
+        self._reward: float | None = 0.0
+        self._done, self._reward_error = False, None
         self._connect(channel)
 
     def reset(self, row: dict[str, Any]) -> str | None:
@@ -292,8 +293,23 @@ class RemoteExecutor(Executor):
             raise
 
     def reward(self) -> float:
+        value = self.read_reward()
+        if value is None:
+            raise SandboxError(f"{self.target.__name__} reports no reward (None)")
+        return value
+
+    def read_reward(self) -> float | None:
+        """The reward, None where the environment reports none. A class with per-step
+        rewards reports it with every reply; others are asked once, when the episode's reward
+        is read (a lazy reward then sees the model's work). A worker that is gone leaves the
+        last reward it reported (None if none)."""
         if self._reward_error:
             raise SandboxError(f"get_reward failed in the worker: {self._reward_error}")
+        alive = self.channel is not None and self.channel.alive and not self.revoked
+        if getattr(self.target, "reward_per_step", False) or not alive:
+            return self._reward
+        value = self.request("invoke", name="get_reward")
+        self._reward = None if value is None else float(value)
         return self._reward
 
     def done(self) -> bool:
@@ -347,8 +363,10 @@ class RemoteExecutor(Executor):
         if state:
             self._done = bool(state.get("done"))
             self.max_turns = state.get("max_turns", self.max_turns)
-            self._reward = float(state.get("reward", self._reward))
-            self._reward_error = state.get("reward_error")
+            if "reward" in state or "reward_error" in state:  # classes with per-step rewards
+                reward = state.get("reward", self._reward)
+                self._reward = None if reward is None else float(reward)
+                self._reward_error = state.get("reward_error")
         if not reply.get("ok"):
             raise RemoteError(op, reply.get("error") or {})
         return reply.get("value")
@@ -365,6 +383,15 @@ class RemoteExecutor(Executor):
             "create", self.start_timeout, module=module, name=name, kwargs=self.kwargs
         )
         self.max_turns = created.get("max_turns", self.max_turns)
+        not_tools = {*tool_table(self.target), *RESERVED_NAMES, *TRL_NOT_TOOLS, *HOOK_NAMES}
+        bound = sorted(set(created.get("bound_methods") or ()) - not_tools)
+        if bound:
+            self.channel.kill()
+            raise SandboxError(
+                f"{self.target.__qualname__} binds tools in __init__ ({', '.join(bound)}), "
+                "which a sandbox cannot serve (the host builds tool schemas from the class): "
+                "define them as methods of the class, or run it without a sandbox"
+            )
 
 
 class RemoteEnvironment(Stepper):

@@ -31,6 +31,7 @@ A request the worker cannot read gets an error reply with id null; end of input 
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import os
 import platform
@@ -135,8 +136,20 @@ class Worker:
                 "or DockerBackend(code_paths=...)"
             ) from None
         cls = getattr(module, request["name"])
-        self._executor = LocalExecutor(cls(**request.get("kwargs", {})))
-        return {"max_turns": self.executor.max_turns}
+        instance = cls(**request.get("kwargs", {}))
+        self._executor = LocalExecutor(instance)
+        # tools the instance binds itself (in __init__): the host, which builds the schemas
+        # from the class, must know of them
+        bound = (
+            [
+                name
+                for name, value in vars(instance).items()
+                if not name.startswith("_") and inspect.ismethod(value)
+            ]
+            if hasattr(instance, "__dict__")
+            else []
+        )
+        return {"max_turns": self.executor.max_turns, "bound_methods": bound}
 
     def _op_reset(self, request: dict[str, Any]) -> str | None:
         if zygote_lost():
@@ -172,7 +185,7 @@ class Worker:
             raise ValueError(f"{name!r} is not a protocol method")
         executor, args = self.executor, request.get("args", [])
         if name == "get_reward":
-            return executor.reward()
+            return executor.read_reward()  # None: the environment reports no reward
         if name == "episode_metrics":
             return executor.metrics()
         if name == "final_answer":
@@ -206,8 +219,10 @@ class Worker:
             "done": self.executor.done(),
             "max_turns": self.executor.max_turns,  # live: a reset may set it
         }
+        if not getattr(self.executor.target, "reward_per_step", False):
+            return state  # read once, when the host asks: a lazy reward sees the model's work
         try:
-            state["reward"] = self.executor.reward()
+            state["reward"] = self.executor.read_reward()
         except Exception as error:
             state["reward_error"] = f"{type(error).__name__}: {error}"
         return state

@@ -1,5 +1,7 @@
 """The documentation: every public name has a docstring, the API reference builds from them
-(`make docs`, pdoc), and no link within the docs is broken."""
+(`make docs`, pdoc), the guides' Python examples under `docs/` run as written (the README's
+are `test_readme.py`'s), every guide is linked from the README, and no link within the docs
+is broken, anchors included."""
 
 from __future__ import annotations
 
@@ -107,13 +109,90 @@ def test_the_api_reference_builds_with_no_broken_links(tmp_path):
     assert not broken, "broken links:\n" + "\n".join(sorted(set(broken))[:50])
 
 
+DOCUMENTS = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted(ROOT.glob("docs/*.md"))]
+GUIDES = sorted(ROOT.glob("docs/*.md"))
+FENCE = re.compile(r"^```.*?^```", flags=re.DOTALL | re.MULTILINE)
+
+
+def _python_blocks(document: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", document.read_text(), flags=re.DOTALL)
+
+
+def _runnable(block: str) -> bool:
+    """As in test_readme.py: a block that uses a placeholder builder, or loads SmolLM2 (what
+    test_cli_and_examples.py runs more cheaply), is shown, not run."""
+    return "my_dataset_builder" not in block and "smollm2" not in block
+
+
+GUIDE_BLOCKS = [
+    pytest.param(block, id=f"{guide.name}:{index}")
+    for guide in GUIDES
+    for index, block in enumerate(_python_blocks(guide))
+    if _runnable(block)
+]
+
+
+@pytest.fixture
+def restore_registry():
+    import gymnasium
+
+    from toolgym import registry
+
+    before, gym_before = dict(registry._registry), set(gymnasium.registry)
+    yield
+    registry._registry.clear()
+    registry._registry.update(before)
+    for gym_id in set(gymnasium.registry) - gym_before:
+        del gymnasium.registry[gym_id]
+
+
+@pytest.mark.usefixtures("restore_registry")
+@pytest.mark.parametrize("block", GUIDE_BLOCKS)
+def test_guide_block_runs(block, request):
+    exec(compile(block, request.node.callspec.id, "exec"), {})
+
+
+@pytest.mark.usefixtures("restore_registry")
+def test_guide_registration_blocks_run_with_the_readmes_countdown():
+    readme = _python_blocks(ROOT / "README.md")
+    countdown = next(block for block in readme if "class Countdown" in block)
+    blocks = [b for guide in GUIDES for b in _python_blocks(guide) if "my_dataset_builder" in b]
+    assert blocks, "environments.md shows registering with a dataset builder"
+    for block in blocks:
+        namespace: dict = {"my_dataset_builder": lambda n, seed: [{"prompt": "go"}] * n}
+        exec(compile(countdown, "README.md Countdown", "exec"), namespace)
+        exec(compile(block, "a guide's registration block", "exec"), namespace)
+
+
+def test_every_guide_is_linked_from_the_readme():
+    readme = (ROOT / "README.md").read_text()
+    linked = {unquote(link).partition("#")[0] for link in re.findall(r"\]\(([^)\s]+)\)", readme)}
+    missing = [guide.name for guide in GUIDES if f"docs/{guide.name}" not in linked]
+    assert not missing, f"not linked from README.md: {missing}"
+
+
+def _anchors(document: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces as hyphens."""
+    anchors: set[str] = set()
+    for heading in re.findall(r"^#+ (.+)$", FENCE.sub("", document.read_text()), re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        anchor, n = slug, 1
+        while anchor in anchors:
+            anchor, n = f"{slug}-{n}", n + 1
+        anchors.add(anchor)
+    return anchors
+
+
 def test_markdown_links_stay_inside_the_repository_and_resolve():
     broken = []
-    for document in [ROOT / "README.md", ROOT / "CHANGELOG.md", *ROOT.glob("docs/*.md")]:
-        for link in re.findall(r"\]\(([^)\s]+)\)", document.read_text()):
-            if not _local(link) or link.startswith("#"):
+    for document in DOCUMENTS:
+        for link in re.findall(r"\]\(([^)\s]+)\)", FENCE.sub("", document.read_text())):
+            if not _local(link):
                 continue
-            target = (document.parent / unquote(link).partition("#")[0]).resolve()
+            path, _, anchor = unquote(link).partition("#")
+            target = (document.parent / path).resolve() if path else document
             if ROOT not in target.parents or not target.exists():
                 broken.append(f"{document.name}: {link}")
+            elif anchor and target.suffix == ".md" and anchor not in _anchors(target):
+                broken.append(f"{document.name}: {link} (no such heading)")
     assert not broken, "\n".join(broken)

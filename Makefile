@@ -21,6 +21,7 @@ run: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 test: lint sandboxes browser
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -439,8 +439,8 @@ class Episode:
     async def _read_outcome(self, trajectory: Trajectory) -> None:
         """The environment's reward (None where it gives none) and episode metrics into
         `trajectory`, each off the event loop under the tool timeout; a failure or a hang is an
-        `env_error` with reward 0 that names the call. An episode that already failed (its sandbox may be
-        gone) gets no metrics."""
+        `env_error` with reward 0 that names the call. An episode that already failed (its
+        sandbox may be gone) gets no metrics."""
         read_metrics = getattr(self.env, "episode_metrics", None)
         if trajectory.ended_by_failure:  # the environment may be gone: keep the failure
             read_metrics = None

@@ -38,7 +38,8 @@ def save_random_states(folder: str | Path, rank: int) -> None:
     """The python / numpy / torch (and CUDA) random states of this process, as
     `rng-{rank}.pt`, in plain types and tensors only (loadable with `weights_only=True`)."""
     version, internal, gauss = random.getstate()
-    kind, keys, position, has_gauss, cached = np.random.get_state()
+    state: Any = np.random.get_state(legacy=True)
+    kind, keys, position, has_gauss, cached = state
     states = {
         "python": [version, list(internal), gauss],
         "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached],

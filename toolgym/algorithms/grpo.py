@@ -11,6 +11,7 @@ members wherever they ran.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import queue
 import random
@@ -354,15 +355,15 @@ class GRPOTrainer:
         updated = threading.Condition()
         stop = threading.Event()
 
+        def engine_caught_up(step: int) -> bool:
+            return self._engine_version >= step - self.args.max_staleness or stop.is_set()
+
         def produce() -> None:
             try:
                 for step in range(self.step, self.args.max_steps):
                     with updated:
                         updated.wait_for(  # the engine has the weights of that update
-                            lambda step=step: (
-                                self._engine_version >= step - self.args.max_staleness
-                                or stop.is_set()
-                            )
+                            functools.partial(engine_caught_up, step)
                         )
                     if stop.is_set():
                         return
@@ -465,14 +466,14 @@ class GRPOTrainer:
         self.model.train()
         totals: Counter[str] = Counter()
         for iteration in range(args.num_iterations):
-            passed: Counter[str] = Counter()
+            passed: Counter[str] = Counter()  # figures summed over micro-batches
             for batch, old_logprobs in zip(batches, old, strict=True):
                 passed.update(self._micro_step(batch, normalizer, old_logprobs))
             if args.max_grad_norm:
                 grad_norm = self.accelerator.clip_grad_norm_(
                     self.model.parameters(), args.max_grad_norm
                 )
-                passed["grad_norm"] = float(grad_norm) * len(batches)
+                passed["grad_norm"] = float(grad_norm) * len(batches)  # type: ignore[assignment]
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             if args.num_iterations > 1:
@@ -773,7 +774,7 @@ def _sample_rows(
     """(sample, its episode's advantage, whether the episode enters the loss, the episode's
     sampled tokens, per-token step-reward credit) for every training sample of every
     trajectory (one per turn in per-turn episodes)."""
-    rows = []
+    rows: list[tuple[Sample, float, bool, int, list[float] | None]] = []
     for trajectory, advantage, use in zip(trajectories, advantages, used, strict=True):
         samples = trajectory.samples()
         tokens = sum(sum(sample.loss_mask) for sample in samples)

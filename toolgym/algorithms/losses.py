@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import warnings
 import weakref
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -68,7 +69,7 @@ def _unwrap(model: Any) -> Any:
 
 
 @contextmanager
-def _head_swapped_for_capture(model: Any):
+def _head_swapped_for_capture(model: Any) -> Iterator[tuple[Any, _Capture]]:
     """Temporarily replace the output head by a `_Capture`; yields (head, capture)."""
     inner = _unwrap(model)
     head = inner.get_output_embeddings()
@@ -215,6 +216,8 @@ def _chunked(
     per_chunk = _compiled_chunk_logprobs() if compiled else _chunk_logprobs
     with _head_swapped_for_capture(model) as (head, capture):
         model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    if capture.hidden is None:
+        raise RuntimeError("the model's forward pass never reached its output head")
     hidden = capture.hidden[:, :-1]
     targets = input_ids[:, 1:]
     batch, length, width = hidden.shape

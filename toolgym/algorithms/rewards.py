@@ -42,11 +42,11 @@ def compute_rewards(
     weights = list(weights) if weights is not None else [1.0] * len(sources)
     if len(weights) != len(sources):
         raise ValueError(f"{len(weights)} reward weights for {len(sources)} reward sources")
-    totals = []
+    totals: list[float] = []
     for index in range(len(trajectories)):
         pairs = zip(weights, sources.values(), strict=True)
-        given = [(w, v[index]) for w, v in pairs if v[index] is not None]
-        totals.append(sum(w * float(v) for w, v in given))
+        given = [(w, float(value)) for w, v in pairs if (value := v[index]) is not None]
+        totals.append(sum((w * value for w, value in given), 0.0))
     table = {k: [math.nan if x is None else float(x) for x in v] for k, v in sources.items()}
     return totals, table
 

@@ -110,6 +110,10 @@ class StepResult:
 
 AnyToolCall = ToolCall | MalformedToolCall | Mapping[str, Any]
 
+Demonstration = list[list[ToolCall]] | list[str]
+"""An expert's episode: its tool calls, one list per turn; or, for inline environments, the
+pieces of text it writes, each ending with a marker."""
+
 
 @dataclass
 class PreparedCall:

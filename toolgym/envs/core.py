@@ -15,7 +15,13 @@ import random
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
-from toolgym.envs.calls import AnyToolCall, StepResult, ToolCall, accepted_kwargs, run_coroutine
+from toolgym.envs.calls import (
+    AnyToolCall,
+    Demonstration,
+    StepResult,
+    accepted_kwargs,
+    run_coroutine,
+)
 from toolgym.envs.inline import InlineStep
 from toolgym.envs.seeding import global_random_seeded, warn_if_unseedable
 from toolgym.envs.stepping import LocalExecutor, Stepper
@@ -53,6 +59,9 @@ class Environment:
     it often is free; a subclass whose `reward` is computed when read (a verifier run once, on
     first access) sets this False: the reward is then read once, when the episode ends, as for
     a plain class (TRL's contract)."""
+    _stepper: Stepper  # made in __new__
+    _episode_seed: int | None
+    _resetting: int
     inline_markers: ClassVar[tuple[str, ...]] = ()
     """Markers of the inline protocol (`toolgym.envs.inline`): when not empty, the model writes
     in one assistant turn, generation stops after each marker and `inline_step` answers the
@@ -71,13 +80,15 @@ class Environment:
             cls.reset = _with_episode_start(cls.__dict__["reset"])  # type: ignore[method-assign]
 
     # -- the episode ---------------------------------------------------------------------------
-    def reset(self, seed: int | None = None, **kwargs: Any) -> str | None:
-        """Start an episode from a dataset row's columns; a returned string is shown first.
+    def reset(self, *args: Any, **kwargs: Any) -> str | None:
+        """Start an episode from a dataset row's columns (and `seed`); a returned string is
+        shown first.
 
         Subclasses override this with the columns they need (extra columns are not passed
         to them) and do not need to call `super().reset()`; one that does keeps the episode's
         seed (a `super().reset(...)` inside a reset does not start the episode again).
         """
+        seed = kwargs.get("seed", args[0] if args else None)
         if not self._episode_starting:
             self._start_episode(seed)
         elif seed is not None:
@@ -118,7 +129,7 @@ class Environment:
         evaluations summarise them, and the run viewer plots them. The default has none."""
         return {}
 
-    def demonstration(self) -> list[list[ToolCall]] | list[str] | None:
+    def demonstration(self) -> Demonstration | None:
         """An expert's tool calls for the current episode, one list per turn (for SFT warm-up);
         for inline environments, the pieces of text the expert writes, each ending with a
         marker.

@@ -99,7 +99,7 @@ class PythonLines(PythonREPL):
 
     def _run(self, source: str) -> InlineStep:
         try:
-            output = self.session.run(source)
+            output = self._session().run(source)
         except Exception as error:  # the session cannot start again (the model's code can
             # kill what starts sessions): this episode's step fails, the run goes on
             return InlineStep(f"session: {error}\n", self.error_reward, failed=True)
@@ -118,7 +118,7 @@ class PythonLines(PythonREPL):
         if self.done or self.submitted is not None:  # graders grade once
             return InlineStep(f"{EPISODE_OVER}\n", done=True, failed=True)
         try:
-            output = self.session.run(argument)
+            output = self._session().run(argument)
         except Exception as error:
             return InlineStep(f"submit failed: {error}\n", self.error_reward, failed=True)
         if output.value is None:

@@ -57,11 +57,9 @@ class PythonREPL(Environment):
         Args:
             code: Python statements; the value of a final expression is shown like in a REPL.
         """
-        if self.session is None:
-            raise RuntimeError("call reset() before run()")
         if self.done:
             raise ToolError(f"{EPISODE_OVER}; no more code runs")
-        output = self.session.run(code)
+        output = self._session().run(code)
         parts = [f"stdout:\n{output.stdout}"]
         if output.stderr:
             parts.append(f"stderr:\n{output.stderr}")
@@ -70,6 +68,12 @@ class PythonREPL(Environment):
         if output.ended:
             parts.append(f"session: {output.ended}")
         return "\n".join(parts)
+
+    def _session(self) -> PythonSession:
+        """The episode's session (`reset` starts it)."""
+        if self.session is None:
+            raise RuntimeError("call reset() before run()")
+        return self.session
 
     def final_answer(self, text: str) -> None:
         """Grade the model's answer against the row's, once: after the episode is done, a

@@ -199,7 +199,8 @@ def _read_reply(line: bytes, request_id: int, limit: int) -> RunOutput:
     if not valid:
         raise _SessionEnded("the session broke its protocol (an unreadable reply)")
     room = limit + 64  # the session's own cut leaves a note of how much it dropped
-    return RunOutput(*(None if field is None else _cut(field, room) for field in fields))
+    stdout, stderr, value = (None if field is None else _cut(field, room) for field in fields)
+    return RunOutput(stdout or "", stderr or "", value)
 
 
 # -- starting sessions -------------------------------------------------------------------------

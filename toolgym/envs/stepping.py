@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from toolgym.envs.calls import (
     EPISODE_OVER,
     AnyToolCall,
+    Demonstration,
     FailureKind,
     MalformedToolCall,
     PreparedCall,
@@ -85,7 +86,7 @@ class Executor(Protocol):
     def inline(self, text: str) -> InlineStep:
         """The environment's `inline_step` on text the model wrote (the inline protocol)."""
 
-    def demonstration(self) -> list[list[ToolCall]] | None:
+    def demonstration(self) -> Demonstration | None:
         """An expert's calls for this episode, one list per turn, or None."""
 
     def metrics(self) -> dict[str, float]:
@@ -107,7 +108,7 @@ class LocalExecutor(Executor):
                 f"{type(instance).__name__} cannot be used as an environment: it has no reset() "
                 "method. An environment needs reset(**kwargs) and public methods as tools."
             )
-        self.instance = instance
+        self.instance: Any = instance  # any object with reset(**kwargs) and public methods
         self.target = type(instance)
         self._tools: tuple[dict[str, Tool], dict[str, Any], dict[str, Tool]] | None = None
         """(the class's table, the instance's own bound methods, the instance's table)."""
@@ -191,7 +192,7 @@ class LocalExecutor(Executor):
             return InlineStep(f"{EPISODE_OVER}\n", done=True, failed=True)
         return as_inline_step(_resolved(self.instance.inline_step(text)))
 
-    def demonstration(self) -> list[list[ToolCall]] | None:
+    def demonstration(self) -> Demonstration | None:
         return self._optional("demonstration")
 
     def metrics(self) -> dict[str, float]:
@@ -351,7 +352,7 @@ class Stepper:
         self.answered = True
         self.executor.final_answer(text)
 
-    def demonstration(self) -> list[list[ToolCall]] | None:
+    def demonstration(self) -> Demonstration | None:
         """An expert's tool calls for this episode, one list per turn, if it has an expert."""
         return self.executor.demonstration()
 

@@ -14,7 +14,7 @@ import inspect
 import json
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, get_type_hints
 
@@ -135,7 +135,7 @@ def hook(function: Callable[..., Any]) -> Callable[..., Any]:
     return function
 
 
-def public_methods(cls: type, exclude: set[str]) -> dict[str, Callable[..., Any]]:
+def public_methods(cls: type, exclude: Set[str]) -> dict[str, Callable[..., Any]]:
     """The plain functions defined on `cls` (and its bases) whose names make them tools."""
     methods: dict[str, Callable[..., Any]] = {}
     for klass in reversed(cls.__mro__[:-1]):  # object last; subclasses override bases

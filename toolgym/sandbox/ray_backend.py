@@ -165,7 +165,7 @@ class RayBackend:
 
     def _new_actor(self, ray: Any, max_concurrency: int) -> tuple[Any, str]:
         actor_name = ACTOR_PREFIX + uuid.uuid4().hex[:12]
-        options = {k: v for k, v in self.resources.items() if k in _KINDS}
+        options: dict[str, Any] = {k: v for k, v in self.resources.items() if k in _KINDS}
         options.setdefault("num_cpus", 1)
         custom = {k: v for k, v in self.resources.items() if k not in _KINDS}
         if custom:
@@ -253,7 +253,7 @@ def _relay_class(ray: Any) -> Any:
     return ray.remote(_Relay)
 
 
-def _start_error(ray: Any, error: BaseException, resources: dict, timeout: float) -> Exception:
+def _start_error(ray: Any, error: BaseException, resources: dict, timeout: float) -> BaseException:
     if isinstance(error, ray.exceptions.GetTimeoutError):
         return SandboxError(
             f"no Ray node hosted a sandbox within {timeout:.0f} s (asked for "
@@ -265,7 +265,7 @@ def _start_error(ray: Any, error: BaseException, resources: dict, timeout: float
         return SandboxError(f"the sandbox's Ray actor failed while starting: {error}")
     if isinstance(error, Exception):
         return SandboxError(f"the sandbox could not start through Ray: {error!r}")
-    return error  # KeyboardInterrupt and the like pass through  # type: ignore[return-value]
+    return error  # KeyboardInterrupt and the like pass through
 
 
 class RayChannel(Channel):
@@ -439,7 +439,8 @@ class _InlineBackend:
     def start(self, target: type | None = None) -> Channel:
         if getattr(target, "runs_model_code", False):
             raise SandboxError(
-                f"inner='inline' hosts no model code: {target.__name__} declares "
+                f"inner='inline' hosts no model code: {getattr(target, '__name__', target)} "
+                "declares "
                 "runs_model_code (use inner='process')"
             )
         return _InlineChannel()
@@ -526,7 +527,7 @@ class _Relay:
     ) -> dict:
         import ray
 
-        target = None
+        target: Any = None
         if module is not None and qualname is not None:
             target = importlib.import_module(module)
             for part in qualname.split("."):

@@ -24,7 +24,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from toolgym.envs.calls import ToolCall, ToolResult, as_episode_metrics
+from toolgym.envs.calls import Demonstration, ToolCall, ToolResult, as_episode_metrics
 from toolgym.envs.inline import InlineStep, as_inline_step
 from toolgym.envs.stepping import Executor, Stepper
 from toolgym.envs.tools import HOOK_NAMES, RESERVED_NAMES, TRL_NOT_TOOLS, tool_table
@@ -321,14 +321,13 @@ class RemoteExecutor(Executor):
     def inline(self, text: str) -> InlineStep:
         return as_inline_step(self._model_request("invoke", name="inline_step", args=[text]))
 
-    def demonstration(self) -> list[list[ToolCall]] | list[str] | None:
+    def demonstration(self) -> Demonstration | None:
         turns = self.request("invoke", name="demonstration")
         if turns is None:
             return None
-        return [
-            turn if isinstance(turn, str) else [ToolCall(c["name"], c["arguments"]) for c in turn]
-            for turn in turns
-        ]
+        if all(isinstance(turn, str) for turn in turns):  # an inline environment's pieces
+            return [str(turn) for turn in turns]
+        return [[ToolCall(c["name"], c["arguments"]) for c in turn] for turn in turns]
 
     def metrics(self) -> dict[str, float]:
         return as_episode_metrics(self.request("invoke", name="episode_metrics"))

@@ -3,7 +3,7 @@
 Each attack is code the model sends to `PythonREPL.run` (the way model-written code reaches an
 environment). Each must end *held*: the model reads an error or a refusal, the episode's reward
 is untouched, the grader still grades, the next `run` and the next `reset` work, and nothing
-reaches the host. The README's sandbox table states what these tests measured.
+reaches the host. The attack table of docs/sandboxes.md states what these tests measured.
 """
 
 from __future__ import annotations

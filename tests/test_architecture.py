@@ -212,3 +212,17 @@ def test_importing_toolgym_starts_no_thread_and_no_exit_handler():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "1 []", done.stdout + done.stderr
+
+
+def test_the_protocol_s_names_are_environment_s_public_names():
+    """The one table of the protocol (`toolgym.envs.protocol`) names exactly what the
+    `Environment` base class defines in public: a hook added to one and not the other fails
+    here, not as a tool that silently shadows it."""
+    from toolgym.envs.core import Environment
+    from toolgym.envs.protocol import INVOKABLE, RESERVED_NAMES
+    from toolgym.envs.stepping import LocalExecutor
+    from toolgym.sandbox.remote import RemoteExecutor
+
+    assert {name for name in dir(Environment) if not name.startswith("_")} == RESERVED_NAMES
+    for executor in (LocalExecutor, RemoteExecutor):  # the worker serves each hook by them
+        assert all(callable(getattr(executor, method, None)) for method in INVOKABLE.values())

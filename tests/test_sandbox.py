@@ -496,3 +496,23 @@ def test_a_seed_draws_the_same_episode_in_a_sandbox_and_here(where):
         assert [remote.step(toolgym.ToolCall("draw")).truncated for _ in range(2)] == [False, True]
     finally:
         remote.close()
+
+
+@pytest.mark.parametrize("where", BACKENDS)
+def test_every_hook_crosses_the_sandbox_by_the_protocol_table(where):
+    """The worker serves each hook of `toolgym.envs.protocol.INVOKABLE` by its executor
+    method: an expert's calls, the episode's metrics, the reward, a final answer, close."""
+    from toolgym.envs.wordle import Wordle
+
+    env = sandboxed(Wordle, {}, where)
+    try:
+        env.reset(seed=0, answer="crane")
+        expert = env.demonstration()
+        assert expert[-1] == [toolgym.ToolCall("guess", {"word": "crane"})]
+        assert env.episode_metrics()["win"] == 0.0 and env.get_reward() == 0.0
+        env.step(expert[-1])
+        assert env.episode_metrics()["win"] == 1.0 and env.get_reward() > 0.0
+        with pytest.raises(RemoteError, match="not a protocol method"):
+            env.executor.request("invoke", name="__init__")
+    finally:
+        env.close()

@@ -18,6 +18,13 @@ from collections.abc import Callable, Set
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, get_type_hints
 
+from toolgym.envs.protocol import (
+    HOOK_NAMES,
+    METHOD_HOOKS,
+    RESERVED_NAMES,
+    TRL_NOT_TOOLS,
+)
+
 if TYPE_CHECKING:
     import pydantic
 
@@ -149,58 +156,6 @@ def public_methods(cls: type, exclude: Set[str]) -> dict[str, Callable[..., Any]
     return methods
 
 
-RESERVED_NAMES = frozenset(
-    {
-        "reset",
-        "close",
-        "get_reward",
-        "final_answer",
-        "demonstration",
-        "episode_metrics",
-        "inline_markers",
-        "inline_step",
-        "ainline_step",
-        "step",
-        "astep",
-        "tools",
-        "rng",
-        "turn",
-        "truncated",
-        "reward",
-        "done",
-        "max_turns",
-        "stepper",
-        "reward_per_step",
-        "seed_global_random",
-    }
-)
-"""Names of the environment protocol: never tools on `Environment` subclasses. On a plain
-class (TRL's shape) only `reset` and `get_reward` are never tools, as in TRL; the hooks
-toolgym calls or reads there (`HOOK_NAMES`) are refused as methods unless marked `@hook`;
-the other names (`step`, `tools`, `rng`, ...) belong to the `Stepper`, never to the
-instance, so a plain class's method of that name is a tool, as in TRL."""
-
-TRL_NOT_TOOLS = frozenset({"reset", "get_reward"})
-"""The public methods TRL's `environment_factory` never exposes as tools."""
-
-HOOK_NAMES: dict[str, str] = {
-    "close": "calls close() to release the instance when it is done with it",
-    "final_answer": "hands final_answer(text) the model's last message (an answer without "
-    "a tool call) to grade",
-    "episode_metrics": "reads episode_metrics() as the episode's named figures",
-    "demonstration": "reads demonstration() as an expert's calls for a warm-up",
-    "inline_step": "hands inline_step(text) what the model wrote in the inline protocol",
-    "done": "reads `done` as whether the episode is over (an attribute, not a method)",
-    "reward": "reads `reward` as the episode's reward (an attribute or property)",
-    "max_turns": "reads `max_turns` as the episode's turn limit (an attribute)",
-    "inline_markers": "reads `inline_markers` as the inline protocol's markers (an attribute)",
-    "reward_per_step": "reads `reward_per_step` as whether steps report reward changes",
-    "seed_global_random": "reads `seed_global_random` as whether to seed the random module",
-}
-"""The names toolgym calls or reads on a plain instance, each with what it does with it."""
-
-_METHOD_HOOKS = frozenset({"close", "final_answer", "episode_metrics", "demonstration"})
-
 _tables: weakref.WeakKeyDictionary[type, tuple[tuple[int, ...], dict[str, Tool]]] = (
     weakref.WeakKeyDictionary()
 )
@@ -245,11 +200,11 @@ def tool_methods(cls: type) -> dict[str, Callable[..., Any]]:
 def check_hook(owner: type, name: str, function: Any) -> None:
     """Refuse a plain class's method named like a protocol hook (see `HOOK_NAMES`), unless it
     is marked `@hook` (`inline_step`: or the class has `inline_markers`)."""
-    if getattr(function, _HOOK, False) and name in _METHOD_HOOKS | {"inline_step"}:
+    if getattr(function, _HOOK, False) and name in METHOD_HOOKS:
         return
     if name == "inline_step" and hasattr(owner, "inline_markers"):
         return  # an inline-protocol class: the hook, not a tool (TRL has no inline protocol)
-    if name in _METHOD_HOOKS or name == "inline_step":
+    if name in METHOD_HOOKS:
         ways = (
             f"rename it `_{name}` to keep it from the model (TRL's own adapters do), mark it "
             f"`@toolgym.hook` to make it toolgym's hook and not a tool, or give the tool "

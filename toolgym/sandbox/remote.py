@@ -26,8 +26,9 @@ from typing import Any, Protocol
 
 from toolgym.envs.calls import Demonstration, ToolCall, ToolResult, as_episode_metrics
 from toolgym.envs.inline import InlineStep, as_inline_step
+from toolgym.envs.protocol import HOOK_NAMES, RESERVED_NAMES, TRL_NOT_TOOLS
 from toolgym.envs.stepping import Executor, Stepper
-from toolgym.envs.tools import HOOK_NAMES, RESERVED_NAMES, TRL_NOT_TOOLS, tool_table
+from toolgym.envs.tools import tool_table
 from toolgym.sandbox.worker import PROTOCOL_VERSION
 
 _log = logging.getLogger(__name__)

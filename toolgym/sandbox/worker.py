@@ -38,9 +38,11 @@ import platform
 import signal
 import sys
 import traceback
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from toolgym.envs.calls import ToolCall
+from toolgym.envs.protocol import INVOKABLE
 from toolgym.envs.python_session import (
     install_filter,
     make_untraceable,
@@ -50,9 +52,6 @@ from toolgym.envs.python_session import (
 from toolgym.envs.stepping import LocalExecutor
 
 PROTOCOL_VERSION = 2
-PROTOCOL_METHODS = frozenset(
-    {"get_reward", "final_answer", "inline_step", "demonstration", "episode_metrics", "close"}
-)
 MAX_CONTENT_CHARS = 1_000_000
 """A tool result longer than this is cut (the protocol stays responsive whatever a tool
 returns; environments should truncate to what a model can read long before this)."""
@@ -180,32 +179,12 @@ class Worker:
         return {"content": result.content[:MAX_CONTENT_CHARS], "failure": result.failure}
 
     def _op_invoke(self, request: dict[str, Any]) -> Any:
+        """A protocol hook (`toolgym.envs.protocol.INVOKABLE`), by its executor method."""
         name = request["name"]
-        if name not in PROTOCOL_METHODS:
+        if name not in INVOKABLE:
             raise ValueError(f"{name!r} is not a protocol method")
-        executor, args = self.executor, request.get("args", [])
-        if name == "get_reward":
-            return executor.read_reward()  # None: the environment reports no reward
-        if name == "episode_metrics":
-            return executor.metrics()
-        if name == "final_answer":
-            return executor.final_answer(*args)
-        if name == "inline_step":
-            step = executor.inline(*args)
-            if step.observation is not None:
-                step.observation = step.observation[:MAX_CONTENT_CHARS]
-            return step.to_dict()
-        if name == "close":
-            return executor.close()
-        turns = executor.demonstration()
-        if turns is None:
-            return None
-        return [
-            turn
-            if isinstance(turn, str)  # an inline environment's piece of text
-            else [{"name": c.name, "arguments": c.arguments} for c in turn]
-            for turn in turns
-        ]
+        value = getattr(self.executor, INVOKABLE[name])(*request.get("args", []))
+        return _ENCODERS[name](value) if name in _ENCODERS else value
 
     def _op_ping(self, request: dict[str, Any]) -> str:
         return "pong"
@@ -231,6 +210,30 @@ class Worker:
         message = {"v": PROTOCOL_VERSION, **message}
         self.writer.write(json.dumps(message).encode() + b"\n")
         self.writer.flush()
+
+
+def _inline_step(step: Any) -> dict[str, Any]:
+    if step.observation is not None:
+        step.observation = step.observation[:MAX_CONTENT_CHARS]
+    return step.to_dict()
+
+
+def _demonstration(turns: Any) -> Any:
+    if turns is None:
+        return None
+    return [
+        turn
+        if isinstance(turn, str)  # an inline environment's piece of text
+        else [{"name": c.name, "arguments": c.arguments} for c in turn]
+        for turn in turns
+    ]
+
+
+_ENCODERS: dict[str, Callable[[Any], Any]] = {
+    "inline_step": _inline_step,
+    "demonstration": _demonstration,
+}
+"""How a hook's value crosses the protocol where it is not JSON as it is."""
 
 
 def _silence_output() -> None:

@@ -34,6 +34,7 @@ from toolgym.envs.calls import (
     as_episode_metrics,
     run_coroutine,
 )
+from toolgym.envs.functions import function_tools, is_function_list
 from toolgym.envs.inline import InlineStep, as_inline_step
 from toolgym.envs.seeding import global_random_seeded, warn_if_unseedable
 from toolgym.envs.tools import (
@@ -591,11 +592,15 @@ def _describe(error: BaseException) -> str:
 
 def as_environment(obj: Any) -> Any:
     """What the agent and trainers step: a `Stepper` (or an `Environment`, which steps through
-    its own) as it is; any other object with `reset` and public methods, in a `Stepper`. The
+    its own) as it is; a list of plain tool functions as a stateless environment
+    (`toolgym.envs.functions`); any other object with `reset` and public methods, in a
+    `Stepper`. The
     tool table is built here, from the instance (tools it bound in `__init__` included), so a
     method that cannot be a tool, or that clashes with a protocol hook, fails now, naming it."""
     if isinstance(obj, Stepper):
         return obj
+    if is_function_list(obj):  # plain tool functions, as TRL's `tools=[...]`
+        obj = function_tools(obj)
     own = getattr(obj, "stepper", None)
     stepper = own if isinstance(own, Stepper) else Stepper(LocalExecutor(obj))
     stepper.table  # noqa: B018 (built now, from the instance: a bad method fails here)

@@ -150,10 +150,37 @@ def public_methods(cls: type, exclude: Set[str]) -> dict[str, Callable[..., Any]
             if name.startswith("_") or name in exclude:
                 methods.pop(name, None)
             elif inspect.isfunction(value):
+                check_not_a_bare_function(klass, name, value)
                 methods[name] = value
+            elif isinstance(value, staticmethod) and getattr(cls, FUNCTION_TOOLS, False):
+                methods[name] = value.__func__  # `function_tools`: plain functions as tools
             else:
                 methods.pop(name, None)  # a property or attribute shadows an inherited method
     return methods
+
+
+FUNCTION_TOOLS = "__toolgym_function_tools__"
+"""Set on the class `toolgym.envs.functions.function_tools` makes: its static methods (the
+user's plain functions) are its tools."""
+
+
+def check_not_a_bare_function(owner: type, name: str, function: Callable[..., Any]) -> None:
+    """Refuse a function defined outside the class and set on it as an attribute (`search =
+    search_index`) whose first parameter is not `self`: Python would pass the instance as
+    that parameter, and every call would fail with "got multiple values"."""
+    defined_in = function.__qualname__.rsplit(".", 1)[0] if "." in function.__qualname__ else ""
+    if defined_in == owner.__qualname__ or defined_in.endswith("<locals>"):
+        return  # written in the class, or a method built in a function (bound onto it later)
+    params = list(inspect.signature(function).parameters)
+    if params and params[0] in ("self", "cls"):
+        return
+    raise ToolSchemaError(
+        f"{owner.__name__}.{name} is the function {function.__module__}."
+        f"{function.__qualname__} set as a class attribute; Python would pass the instance as "
+        f"its first parameter ({params[0] if params else 'none'}), so no call could work. Pass "
+        f"plain functions as a list (`toolgym.as_environment([{function.__name__}, ...])`), or "
+        f"write a method `def {name}(self, ...)` that calls it."
+    )
 
 
 _tables: weakref.WeakKeyDictionary[type, tuple[tuple[int, ...], dict[str, Tool]]] = (

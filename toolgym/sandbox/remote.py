@@ -236,6 +236,12 @@ class RemoteExecutor(Executor):
         start_timeout: float,
         channel: Channel | None = None,
     ) -> None:
+        if "<locals>" in target.__qualname__:
+            raise SandboxError(
+                f"{target.__qualname__} is defined inside a function; a sandbox's worker imports "
+                f"the class by module and name ({target.__module__}), so move it to the "
+                "module's top level"
+            )
         self.target, self.kwargs, self.backend = target, kwargs, backend
         self.call_timeout, self.start_timeout = call_timeout, start_timeout
         self.max_turns = getattr(target, "max_turns", None)

@@ -222,7 +222,7 @@ def test_a_none_reward_leaves_the_sum_to_the_sources_that_score():
     from toolgym.agents import Trajectory
     from toolgym.algorithms.rewards import compute_rewards
 
-    unscored, scored = Trajectory([]), Trajectory([])
+    unscored, scored = Trajectory(), Trajectory()
     unscored.reward, scored.reward = None, 0.5  # the environment's reward: None is no reward
 
     def length_bonus(prompts, completions, **kwargs):
@@ -537,3 +537,16 @@ def test_a_sandboxed_plain_class_keeps_the_reward_contract_and_names_init_tools(
         unscored.close()
     with pytest.raises(SandboxError, match=r"binds tools in __init__ \(lookup\)"):
         sandboxed(PerInstance, {}, "process")
+
+
+def test_an_environment_without_its_own_init_refuses_unknown_arguments():
+    """Issue 25 item 9: `Board(size=3)` on a class without `__init__` used to be accepted and
+    the argument silently dropped."""
+
+    class Plain(toolgym.Environment):
+        def reset(self) -> str:
+            return "ready"
+
+    with pytest.raises(TypeError, match="unexpected keyword argument 'size'"):
+        Plain(size=3)
+    assert Plain().reset(seed=0) == "ready"

@@ -74,6 +74,10 @@ class Environment:
         instance._stepper = Stepper(LocalExecutor(instance))
         return instance
 
+    def __init__(self) -> None:
+        """No constructor arguments of its own: a subclass that takes some defines `__init__`
+        (an unknown argument is a TypeError, not silently dropped)."""
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "reset" in cls.__dict__:

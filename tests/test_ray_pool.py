@@ -32,6 +32,7 @@ from toolgym.sandbox.remote import SandboxError
 from toolgym.testing import tiny_model, tiny_tokenizer
 
 pytestmark = pytest.mark.slow
+ray = test_ray_backend.ray
 cluster = test_ray_backend.cluster  # the fixtures: a cluster of this module's own
 node_b = test_ray_backend.node_b
 
@@ -126,8 +127,9 @@ def test_a_node_killed_mid_episode_ends_it_and_the_next_lease_is_on_a_live_node(
     _nothing_left(pids)
 
 
-def test_a_pool_that_cannot_start_anywhere_says_why_from_lease(cluster):
-    nowhere = RayBackend(resources={"gpu-node": 1}, start_timeout=2)
+@pytest.mark.parametrize("per_actor", [1, 4])
+def test_a_pool_that_cannot_start_anywhere_says_why_from_lease(cluster, per_actor):
+    nowhere = RayBackend(resources={"gpu-node": 1}, start_timeout=2, per_actor=per_actor)
     started = time.monotonic()
     pool = SandboxPool(Wordle, backend=nowhere, size=2, max_start_failures=2)
     with pool, pytest.raises(SandboxError, match="no Ray node hosted a sandbox within 2 s"):
@@ -262,6 +264,28 @@ def test_shared_actors_host_several_instances_each(cluster, node_b):
             assert env.reward == 1.0
         for env in envs:
             env.close()
+    _wait(lambda: not list_sandbox_actors(), 60, f"actors left: {list_sandbox_actors()}")
+
+
+def test_a_lost_shared_actor_fails_its_instances_and_the_pool_starts_a_new_one(cluster, node_b):
+    backend = RayBackend(per_actor=2, inner="inline", resources={"num_cpus": 0.5})
+    with SandboxPool(Wordle, backend=backend, size=2, start_threads=2) as pool:
+        pool.wait_ready(timeout=120)
+        first, second = pool.lease(timeout=30), pool.lease(timeout=30)
+        lost = first.isolation.actor
+        assert second.isolation.actor == lost  # one actor hosts both
+        for env in (first, second):
+            env.reset(seed=0, answer="crane")
+        ray.kill(first.executor.channel.actor, no_restart=True)
+        for env in (first, second):
+            result = env.step(toolgym.ToolCall("guess", {"word": "crane"}))
+            assert result.info["ended"] == "env_error", result.info
+            env.close()  # dead: retired
+        fresh = pool.lease(timeout=60)
+        assert fresh.isolation.actor != lost
+        fresh.reset(seed=0, answer="crane")
+        assert fresh.step(toolgym.ToolCall("guess", {"word": "crane"})).results[0].ok
+        fresh.close()
     _wait(lambda: not list_sandbox_actors(), 60, f"actors left: {list_sandbox_actors()}")
 
 

@@ -205,23 +205,24 @@ class RayBackend:
                 timeout=self.start_timeout,
             )
         except BaseException as error:
+            with contextlib.suppress(Exception):  # a slow start: its worker goes too
+                ray.get(host.actor.kill.remote(slot=slot), timeout=2.0)
             lost = isinstance(error, ray.exceptions.RayActorError)
-            self._release(host, lost=lost or isinstance(error, ray.exceptions.GetTimeoutError))
+            # an actor that is gone, or that could not start a worker in time, takes no more
+            self._release(host, lost=lost, retire=True)
             raise _start_error(ray, error, self.resources, self.start_timeout) from error
         release = functools.partial(self._release, host)
         return RayChannel(host.actor, host.name, started, slot=slot, on_kill=release)
 
-    def _release(self, host: _Host, lost: bool = False) -> None:
-        """One instance of `host` is gone; the actor goes with its last one (or at once,
-        when it is lost: no new instance is placed in it)."""
+    def _release(self, host: _Host, lost: bool = False, retire: bool = False) -> None:
+        """One instance of `host` is gone. The actor goes with its last instance, or at once
+        when Ray reported it `lost`; a lost or `retire`d actor takes no new instance."""
         with self._hosts_lock:
             host.live -= 1
-            if lost:
-                host.live = min(host.live, -self.per_actor)  # never chosen again
-            last = host.live <= 0 and host in self._hosts
-            if last:
+            if (lost or retire or host.live <= 0) and host in self._hosts:
                 self._hosts.remove(host)
-        if last or lost:
+            end = lost or host.live <= 0
+        if end:
             with contextlib.suppress(Exception):
                 _ray().kill(host.actor, no_restart=True)
 

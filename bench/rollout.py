@@ -349,7 +349,7 @@ def synthetic(engine_name: str, workload: str, episodes: int) -> dict[str, float
         started = time.perf_counter()
         trajectories = agent.run([WaitingGame(latencies) for _ in rows], rows)
         wall = time.perf_counter() - started
-        tokens = sum(sum(s.loss_mask) for t in trajectories for s in t.samples())
+        tokens = sum(t.model_tokens for t in trajectories)
         figures[label] = tokens / wall
         if label == "a":
             replay, mean = list(engine.requests), engine.mean_in_flight()

@@ -79,7 +79,7 @@ def synthetic_batch(batch: int, prompt: int, completion: int) -> dict[str, torch
 
 
 def toolgym_step(model, data, args) -> callable:
-    from toolgym.agents.trajectory import Trajectory
+    from toolgym.agents.trajectory import Sample, Trajectory
     from toolgym.algorithms import GRPOConfig, GRPOTrainer
     from toolgym.testing import tiny_tokenizer
 
@@ -99,12 +99,7 @@ def toolgym_step(model, data, args) -> callable:
     rows = [{"answer": "crane"}]
     trainer = GRPOTrainer(model, "Wordle-v0", rows, args=config, tokenizer=tiny_tokenizer())
     trajectories = [
-        Trajectory(
-            prompt_ids=p.tolist(),
-            completion_ids=c.tolist(),
-            loss_mask=[int(m) for m in s.tolist()],
-            logprobs=[0.0] * len(c),
-        )
+        Trajectory([Sample(p.tolist(), c.tolist(), [int(m) for m in s.tolist()], [0.0] * len(c))])
         for p, c, s in zip(data["prompt_ids"], data["completion_ids"], data["sampled"], strict=True)
     ]
     used = torch.ones(len(trajectories), dtype=torch.bool)

@@ -17,7 +17,7 @@ import torch
 from helpers import run_group
 
 from toolgym.agents.limits import AgentLimits
-from toolgym.agents.trajectory import Trajectory, load_jsonl
+from toolgym.agents.trajectory import Sample, Trajectory, load_jsonl
 from toolgym.algorithms.config import GRPOConfig, RLOOConfig
 from toolgym.cli import build_parser, main
 from toolgym.cli.config_args import field_docs, resolve_config
@@ -287,7 +287,7 @@ def test_a_broken_dataset_row_names_its_line(echo, tmp_path, capsys):
 # -- play and eval ---------------------------------------------------------------------------
 def _episode() -> Trajectory:
     return Trajectory(
-        prompt_ids=[1],
+        [Sample([1])],
         messages=[
             {"role": "user", "content": "Say [bold]apple[/bold]."},
             {

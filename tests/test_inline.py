@@ -229,13 +229,12 @@ def test_python_lines_runs_each_statement_as_its_line_ends(where):
 
 
 def test_step_rewards_credit_the_tokens_of_their_span():
-    from toolgym.agents import Trajectory
-    from toolgym.algorithms import collate, policy_loss
-    from toolgym.algorithms.batch import collate_samples
+    from toolgym.agents.trajectory import Sample, Trajectory
+    from toolgym.algorithms import collate, policy_loss, training_samples
     from toolgym.algorithms.losses import StepNormalizer
     from toolgym.algorithms.rewards import step_reward_bonus, step_reward_total
 
-    trajectory = Trajectory([1, 2])
+    trajectory = Trajectory([Sample([1, 2])])
     trajectory.append([10, 11, 12], sampled=True, logprobs=[-1.0] * 3)  # step 1: reward -0.3
     trajectory.append([50, 51], sampled=False)
     trajectory.append([13, 14], sampled=True, logprobs=[-1.0] * 2)  # step 2: reward 0.5
@@ -245,9 +244,9 @@ def test_step_rewards_credit_the_tokens_of_their_span():
     bonus = step_reward_bonus(trajectory)
     assert bonus == [-0.3, -0.3, -0.3, 0.5, 0.5, 0.5, 0.5, 0.0, 0.0]  # masks keep observations out
     assert step_reward_total(trajectory) == pytest.approx(0.2)
-    (sample,) = trajectory.samples()
-    credited = collate_samples([sample], [1.0], [True], [6], [bonus], pad_id=0)
-    plain = collate([trajectory], pad_id=0, advantages=[1.0])
+    credited = collate(training_samples([trajectory], [1.0], step_credit=True), pad_id=0)
+    assert credited.episode_tokens.tolist() == [6.0]
+    plain = collate(training_samples([trajectory], [1.0]), pad_id=0)
     assert torch.equal(plain.token_advantages, torch.ones_like(plain.token_advantages))
     # position 2 + k of the sequence is completion token k
     assert credited.token_advantages[0, 2:].tolist() == pytest.approx([1 + b for b in bonus])
@@ -311,6 +310,8 @@ def test_the_trainer_uses_per_step_rewards_of_a_live_repl(tmp_path, mode):
     assert any(t.step_rewards for t in samples), "no line was written"
     totals = [sum(s["reward"] for s in t.step_rewards) for t in samples]
     assert any(total < 0 for total in totals)
+    assert [t.reward_sources["step_rewards"] for t in samples] == pytest.approx(totals)
+    assert all(t.reward_sources["env"] == 0.0 for t in samples)  # the parts, in either mode
     if mode == "return":  # the environment's reward (0: nothing submitted) plus the steps'
         assert [t.reward for t in samples] == pytest.approx(totals)
     else:

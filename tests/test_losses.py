@@ -9,13 +9,14 @@ import pytest
 import torch
 import transformers
 
-from toolgym.agents.trajectory import Trajectory
+from toolgym.agents.trajectory import Sample, Trajectory
 from toolgym.algorithms import (
     StepNormalizer,
     collate,
     group_advantages,
     policy_loss,
     token_logprobs,
+    training_samples,
 )
 from toolgym.testing import tiny_model, tiny_tokenizer
 
@@ -119,11 +120,11 @@ def test_changing_an_observation_token_logit_changes_nothing():
 def test_chunked_logprobs_equal_full_logits_and_ignore_observation_tokens():
     tokenizer = tiny_tokenizer()
     model = tiny_model(tokenizer, seed=3)
-    trajectory = Trajectory(list(range(5, 12)), messages=[])
+    trajectory = Trajectory([Sample(list(range(5, 12)))])
     trajectory.append(list(range(20, 26)), sampled=True, logprobs=[-0.5] * 6)
     trajectory.append(list(range(40, 44)), sampled=False)
     trajectory.append(list(range(30, 33)), sampled=True, logprobs=[-0.5] * 3)
-    batch = collate([trajectory], tokenizer.pad_token_id, advantages=[1.0])
+    batch = collate(training_samples([trajectory], advantages=[1.0]), tokenizer.pad_token_id)
     chunked = token_logprobs(model, batch.input_ids, batch.attention_mask, chunk_size=4)
     logits = model(input_ids=batch.input_ids).logits[:, :-1].float()
     direct = logits.log_softmax(-1).gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
@@ -153,14 +154,14 @@ def test_per_turn_samples_give_the_single_sequence_loss_where_both_apply(loss_ty
 
     whole, per_turn = play(False), play(True)
     sequence = whole.prompt_ids + whole.completion_ids
-    assert len(per_turn.turns) == 3
-    for sample in per_turn.samples():  # each turn's prompt is the sequence so far
+    assert len(per_turn.samples) == 3
+    for sample in per_turn.samples:  # each turn's prompt is the sequence so far
         prefix = sample.prompt_ids + sample.completion_ids
         assert sequence[: len(prefix)] == prefix
     model = tiny_model(tokenizer, seed=5)
 
     def loss_and_grad(trajectory: Trajectory) -> tuple[float, torch.Tensor]:
-        batch = collate([trajectory], tokenizer.pad_token_id, advantages=[0.7])
+        batch = collate(training_samples([trajectory], advantages=[0.7]), tokenizer.pad_token_id)
         mask, sampling, tokens = batch.targets()
         logprobs = token_logprobs(model, batch.input_ids, batch.attention_mask)
         normalizer = StepNormalizer(

@@ -369,14 +369,15 @@ def test_wordle_episodes_are_token_exact_for_real_template_families(family):
         return
     # One sample per turn: its prompt is the template's rendering of the conversation before
     # the turn, its completion exactly the ids the model sampled (through <|tool_response>).
-    assert len(trajectory.turns) == 2
+    assert len(trajectory.samples) == 2
     assert agent.renderer.call_end == "<|tool_response>"
-    for turn, at, sampled in zip(trajectory.turns, assistant_at, replies, strict=True):
-        assert turn["prompt_ids"] == agent.renderer.prompt_ids(trajectory.messages[:at], tools)
-        assert turn["completion_ids"] == ids(tokenizer, sampled)
+    for turn, at, sampled in zip(trajectory.samples, assistant_at, replies, strict=True):
+        assert turn.prompt_ids == agent.renderer.prompt_ids(trajectory.messages[:at], tools)
+        assert turn.completion_ids == ids(tokenizer, sampled)
+        assert turn.loss_mask == [1] * len(turn.completion_ids)
     assert trajectory.messages[1]["reasoning_content"] == "Try slate."
-    assert "Guess 1/6" in tokenizer.decode(trajectory.turns[1]["prompt_ids"])
-    assert [sum(s.loss_mask) for s in trajectory.samples()] == [
+    assert "Guess 1/6" in tokenizer.decode(trajectory.samples[1].prompt_ids)
+    assert [sum(s.loss_mask) for s in trajectory.samples] == [
         len(ids(tokenizer, r)) for r in replies
     ]
 

@@ -148,6 +148,11 @@ def test_reward_functions_and_rloo(tokenizer, tmp_path):
     (metrics,) = trainer.train()
     assert len(seen["columns"]) == 6 and "rewards/short_answers" in metrics
     assert metrics["rewards/short_answers"] < 0
+    episodes = load_jsonl(tmp_path / "samples.jsonl")  # the total beside its sources
+    assert episodes[0].reward_sources["short_answers"] is None  # no opinion: left out
+    for episode in episodes:
+        env, short = episode.reward_sources["env"], episode.reward_sources["short_answers"]
+        assert episode.reward == pytest.approx(env + 0.5 * (short or 0.0))
 
 
 def test_crashing_environment_is_excluded_not_fatal(tokenizer, tmp_path):
@@ -270,13 +275,18 @@ def test_a_template_that_is_not_prefix_preserving_trains_one_sample_per_turn(tmp
     before = [p.detach().clone() for p in model.parameters()]
     history = trainer.train()
     episodes = load_jsonl(tmp_path / "samples.jsonl")
-    assert all(len(t.turns) == 3 and t.status == "max_turns" for t in episodes)
+    assert all(len(t.samples) == 3 and t.status == "max_turns" for t in episodes)
     for episode in episodes:
-        for turn, following in zip(episode.turns, episode.turns[1:], strict=False):
+        for turn, following in zip(episode.samples, episode.samples[1:], strict=False):
             # the next prompt holds this turn's call and its result, re-rendered
-            text = tokenizer.decode(following["prompt_ids"])
+            text = tokenizer.decode(following.prompt_ids)
             assert '{"name": "guess"' in text and "Guess 1/6" in text
-            assert len(following["prompt_ids"]) > len(turn["prompt_ids"])
+            assert len(following.prompt_ids) > len(turn.prompt_ids)
+            assert turn.loss_mask == [1] * len(turn.completion_ids)
+    # env_reward=False: the total is the reward function's alone, and so are its sources
+    positions = [float(i) for i in range(len(episodes))]
+    assert [t.reward_sources for t in episodes] == [{"by_position": p} for p in positions]
+    assert [t.reward for t in episodes] == positions
     assert math.isfinite(history[0]["loss"])
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 

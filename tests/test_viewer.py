@@ -31,7 +31,7 @@ from helpers import train_tool_caller
 
 import toolgym
 from toolgym.agents import AgentLimits
-from toolgym.agents.trajectory import Trajectory, load_jsonl, save_jsonl
+from toolgym.agents.trajectory import Sample, Trajectory, load_jsonl, save_jsonl
 from toolgym.algorithms import GRPOConfig, GRPOTrainer
 from toolgym.testing import tiny_tokenizer
 from toolgym.viewer import data as data_module
@@ -54,7 +54,7 @@ def synthetic_trajectory(rng: random.Random, number: int, vocab: int = 500) -> T
     """A plausible tool-calling episode: user, assistant call, tool result, final answer, with
     ~100-300 completion tokens in sampled and observation blocks."""
     word = rng.choice(["crane", "slate", "moist", "pious", "adieu"])
-    trajectory = Trajectory(prompt_ids=[rng.randrange(vocab) for _ in range(rng.randint(20, 60))])
+    trajectory = Trajectory([Sample([rng.randrange(vocab) for _ in range(rng.randint(20, 60))])])
     for block in range(rng.randint(3, 7)):
         ids = [rng.randrange(vocab) for _ in range(rng.randint(20, 50))]
         sampled = block % 2 == 0
@@ -139,6 +139,32 @@ def test_the_api_pages_filters_and_follows_a_growing_file(tmp_path):
     rewritten = write_synthetic(path, 130, seed=3)  # in place ("w"), as evaluate() does
     assert app.answer("summary", {})["sources"][0]["episodes"] == 130
     assert app.answer("episodes", {"limit": "1"})["rows"][0]["reward"] == rewritten[0].reward
+
+
+def test_files_before_and_after_samples_show_the_same_episodes(tmp_path):
+    """A file written before `Trajectory.samples` (flat token fields, `turns`) and the same
+    episodes saved in today's shape give the same rows, tokens and sample counts."""
+    old = tmp_path / "old.jsonl"
+    shutil.copy(Path(__file__).parent / "data" / "trajectories_v1.jsonl", old)
+    episodes = load_jsonl(old)
+    episodes[1].reward_sources = {"env": None, "length_bonus": 0.5}
+    save_jsonl(episodes, tmp_path / "new.jsonl")
+    answers = {}
+    for name in ("old.jsonl", "new.jsonl"):
+        app = ViewerApp(RunData(tmp_path / name), TokenDecoder(tmp_path / name))
+        rows = app.answer("episodes", {})["rows"]
+        shown = [app.answer("episode", {"source": name, "index": str(i)}) for i in range(2)]
+        answers[name] = (rows, shown)
+        assert [row["samples"] for row in rows] == [1, 2]
+        assert [row["reward"] for row in rows] == [1.0, None]
+        for episode, trajectory in zip(shown, episodes, strict=True):
+            assert [t["id"] for t in episode["prompt_tokens"]] == trajectory.prompt_ids
+            completion = episode["completion_tokens"]
+            assert [t["id"] for t in completion] == trajectory.completion_ids
+            assert [t["mask"] for t in completion] == trajectory.loss_mask
+            assert not {"samples", "turns", "completion_ids"} & set(episode["episode"])
+        assert [e["samples"] for e in shown] == [1, 2]
+    assert answers["new.jsonl"][1][1]["episode"]["reward_sources"]["length_bonus"] == 0.5
 
 
 def test_metrics_are_reread_only_when_the_file_changes(tmp_path):
@@ -728,6 +754,36 @@ def hostile_run(folder: Path) -> list[Trajectory]:
     (folder / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     tiny_tokenizer().save_pretrained(folder / "engine-weights")
     return trajectories
+
+
+@needs_browser
+def test_the_page_shows_files_before_and_after_samples(browser, tmp_path):
+    """A per-turn episode from a file written before `Trajectory.samples` and from one
+    written after: its last turn's tokens, the note that it trained per turn, and (new
+    files) the reward's sources."""
+    old, new = tmp_path / "old" / "episodes.jsonl", tmp_path / "new" / "episodes.jsonl"
+    old.parent.mkdir()
+    new.parent.mkdir()
+    shutil.copy(Path(__file__).parent / "data" / "trajectories_v1.jsonl", old)
+    episodes = load_jsonl(old)
+    episodes[1].reward_sources = {"env": None, "length_bonus": 0.5}
+    save_jsonl(episodes, new)
+    for path in (old, new):
+        with start(path) as viewer:
+            browser.goto(viewer.url, ready=READY)
+            open_view(browser, "#episode=episodes.jsonl:1", "episode=episodes.jsonl:1")
+            browser.wait_for("document.querySelector('#tokens').dataset.pending === '0'")
+            ids = js(
+                browser,
+                "[...document.querySelectorAll('#tokens .tok')].map(s => Number(s.dataset.id))",
+            )
+            assert ids == episodes[1].completion_ids
+            note = js(browser, "document.querySelector('#token-note').textContent")
+            assert "one sample per turn (2)" in note
+            fact = "document.querySelector('[data-fact=\"reward sources\"]')"
+            sources = js(browser, f"{fact} ? {fact}.textContent : ''")
+            assert ("length_bonus 0.5" in sources) is (path == new), sources
+        assert not browser.errors
 
 
 @needs_browser

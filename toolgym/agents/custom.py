@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from toolgym.agents.engines.base import Completion
 from toolgym.agents.inline import observation_ids
 from toolgym.agents.parsers import ParsedMessage, type_arguments
-from toolgym.agents.trajectory import Status, Trajectory
+from toolgym.agents.trajectory import Sample, Status, Trajectory
 from toolgym.envs.calls import MalformedToolCall, ToolCall
 
 if TYPE_CHECKING:
@@ -81,7 +81,6 @@ class RolloutContext:
         self.trajectory: Trajectory | None = None
         self.hit_length = False
         """The last `generate` stopped at `max_new_tokens` (the episode then ends `length`)."""
-        self._per_turn: Trajectory | None = None  # the trajectory kept one sample per turn
         self._told = False  # the prompt went to `on_message`
 
     @property
@@ -112,13 +111,12 @@ class RolloutContext:
     ) -> Trajectory:
         """A trajectory whose prompt is the chat template's rendering of `messages` (default:
         `self.messages`) with `tools` (default: none), ending with the generation prompt.
-        `per_turn`: the trajectory is kept one sample per turn (`next_turn` starts each
-        after the first; `generate` records each in `Trajectory.turns`). The first call tells
-        `on_message` of the prompt."""
+        The trajectory holds one sample; `next_turn` starts another (`per_turn` is kept for
+        compatibility: it changes nothing). The first call tells `on_message` of the
+        prompt."""
         messages = list(self.messages if messages is None else messages)
         prompt_ids = self.renderer.prompt_ids(messages, tools or [])
-        self.trajectory = Trajectory(prompt_ids, messages=messages)
-        self._per_turn = self.trajectory if per_turn else None
+        self.trajectory = Trajectory([Sample(prompt_ids)], messages=messages)
         self._episode.first_prompt_length = len(prompt_ids)
         if not self._told:
             self._told = True
@@ -127,14 +125,13 @@ class RolloutContext:
         return self.trajectory
 
     def next_turn(self, trajectory: Trajectory, tools: list[dict[str, Any]] | None = None) -> None:
-        """Per-turn trajectories: the next turn's prompt is the template's rendering of the
-        conversation so far (`trajectory.messages`); the sequence becomes that prompt."""
+        """Start the trajectory's next sample (one sample per turn): its prompt is the
+        template's rendering of the conversation so far (`trajectory.messages`)."""
         try:
             prompt_ids = self.renderer.prompt_ids(trajectory.messages, tools or [])
         except Exception as error:
             raise EpisodeEnd("env_error", f"the chat template cannot render: {error}") from error
-        trajectory.prompt_ids = prompt_ids
-        trajectory.completion_ids, trajectory.loss_mask, trajectory.logprobs = [], [], []
+        trajectory.samples.append(Sample(prompt_ids))
 
     async def generate(
         self, trajectory: Trajectory, stop_strings: list[str] | None = None
@@ -150,14 +147,6 @@ class RolloutContext:
         completion: Completion = await episode.generate(trajectory, stop_strings)
         episode.metrics["turns"] += 1
         trajectory.append(completion.token_ids, sampled=True, logprobs=completion.logprobs)
-        if trajectory is self._per_turn:
-            trajectory.turns.append(
-                {
-                    "prompt_ids": trajectory.prompt_ids,
-                    "completion_ids": list(completion.token_ids),
-                    "logprobs": list(completion.logprobs),
-                }
-            )
         self.hit_length = completion.finish_reason == "length"
         last = completion.token_ids[-1] if completion.token_ids else None
         ended = completion.finish_reason == "stop" and last in self.renderer.stop_token_ids
@@ -225,7 +214,7 @@ class RolloutContext:
 
     async def inline_step(self, trajectory: Trajectory, text: str) -> InlineStep:
         """The environment's `inline_step` on the text the model wrote up to a marker; its
-        reward joins `trajectory.step_rewards` at the current end of the sequence."""
+        reward joins `trajectory.step_rewards` at the current end of the last sample."""
         step = await self._episode.inline_step(text)
         trajectory.step_rewards.append(
             {"end": len(trajectory.completion_ids), "reward": step.reward}

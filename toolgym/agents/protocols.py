@@ -22,7 +22,7 @@ async def chat_rollout(ctx: RolloutContext, env: Any) -> Trajectory:
     Prefix-preserving templates make one sequence; others one sample per turn, each turn's
     prompt the template's rendering of the conversation so far (`ChatRenderer.per_turn`)."""
     renderer, tools = ctx.renderer, ctx.tools
-    trajectory = ctx.start(tools=tools, per_turn=renderer.per_turn)
+    trajectory = ctx.start(tools=tools)
     for turn in range(ctx.limits.max_turns):
         if renderer.per_turn and turn > 0:
             ctx.next_turn(trajectory, tools)

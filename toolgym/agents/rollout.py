@@ -311,7 +311,7 @@ class Episode:
                 context.tools = [] if inline else context.tools
         except Exception as error:
             return await self._finish(
-                Trajectory([], messages=_prompt_messages(self.prompt, None)), "env_error", error
+                Trajectory(messages=_prompt_messages(self.prompt, None)), "env_error", error
             )
         try:
             trajectory = await rollout_fn(context, self.env)
@@ -320,9 +320,9 @@ class Episode:
                     f"the rollout function returned {type(trajectory).__name__}, not a Trajectory"
                 )
         except EpisodeEnd as end:
-            return await self._finish(context.trajectory or Trajectory([]), end.status, end.error)
+            return await self._finish(context.trajectory or Trajectory(), end.status, end.error)
         except Exception as error:
-            failed = context.trajectory or Trajectory([])
+            failed = context.trajectory or Trajectory()
             what = "the rollout function failed" if context.trajectory else "the episode failed"
             return await self._finish(failed, "env_error", f"{what}: {error!r}")
         return await self._finish(trajectory, "length" if context.hit_length else "finished")
@@ -476,18 +476,11 @@ class Episode:
             else (error if isinstance(error, str) else f"{type(error).__name__}: {error}")
         )
         await self._read_outcome(trajectory)
-        samples = trajectory.samples()
-        model_tokens = sum(sum(sample.loss_mask) for sample in samples)
-        added = len(trajectory.prompt_ids) + len(trajectory.completion_ids)
-        self.metrics["model_tokens"] = float(model_tokens)
-        self.metrics["observation_tokens"] = float(
-            max(
-                0,
-                added - (self.first_prompt_length or len(trajectory.prompt_ids)) - model_tokens,
-            )
-            if trajectory.turns
-            else len(trajectory.loss_mask) - model_tokens
-        )
+        trajectory.reward_sources = {"env": trajectory.reward}
+        self.metrics["model_tokens"] = float(trajectory.model_tokens)
+        self.metrics["observation_tokens"] = float(trajectory.observation_tokens)
+        if len(trajectory.samples) > 1 and not trajectory.completion_ids:
+            trajectory.samples.pop()  # a turn's prompt that got no tokens (a limit ended it)
         trajectory.metrics = self.metrics
         trajectory.row = {k: v for k, v in self.row.items() if _is_plain(v)}
         return trajectory

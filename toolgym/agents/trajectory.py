@@ -1,4 +1,5 @@
-"""`Trajectory`: one episode as token ids, masks, logprobs, messages, reward and status."""
+"""`Trajectory`: one episode as samples (token ids, loss masks, logprobs), messages, reward
+(with its sources) and status."""
 
 from __future__ import annotations
 
@@ -52,63 +53,18 @@ MODEL_FAILURES = frozenset({"tool_timeout", "tool_crash", "too_many_calls"})
 """Failures the model's calls caused: in the loss, with the environment's reward."""
 
 
-@dataclass(frozen=True)
-class Sample:
-    """One training sequence: a prompt, then tokens with a loss mask (1: sampled by the model,
-    0: observation) and the engine's logprobs."""
-
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    loss_mask: list[int]
-    logprobs: list[float]
+SAMPLE_FIELDS = ("prompt_ids", "completion_ids", "loss_mask", "logprobs")
 
 
 @dataclass
-class Trajectory:
-    """One episode, ready for a policy-gradient update.
-
-    Attributes:
-        prompt_ids: The rendered prompt, ending with the first generation prompt.
-        completion_ids: Model tokens and observation (tool-result) tokens, interleaved.
-        loss_mask: 1 on tokens the model sampled, 0 on observation tokens.
-        logprobs: The engine's logprob of each sampled token; 0.0 on observation tokens.
-        messages: The conversation: prompt messages, then assistant and tool messages (assistant
-            turns: parsed `content`, `reasoning_content`, `tool_calls`, and `raw_content`).
-        reward: The episode reward (the environment's unless reward functions replace it);
-            None where the environment gave none (TRL's and OpenEnv's "no reward": reward
-            functions score it, else it counts 0, as TRL sums the sources that score).
-        rewards: Named reward components (e.g. per reward function).
-        status: How the episode ended; one of `STATUSES`.
-        error: What went wrong, for the failure statuses.
-        metrics: turns, tool_calls, tool_failures, parse_failures, generation_seconds,
-            tool_seconds, model_tokens, observation_tokens.
-        row: The dataset row the episode was reset with (without its prompt).
-        turns: Episodes built one sample per turn (templates that are not prefix-preserving,
-            `ChatRenderer.per_turn`) only: each assistant turn's `prompt_ids` (the template's
-            rendering of the conversation before it), `completion_ids` and `logprobs`. Then
-            `prompt_ids` + `completion_ids` above are the last turn's sample: the whole episode
-            as the model last saw it.
-        step_rewards: Inline episodes: the reward of each environment step, with `end`, the
-            index in `completion_ids` just past the model's span it rewards (the marker's
-            token), e.g. `[{"end": 14, "reward": -0.3}]`.
-        env_metrics: The environment's named figures of the episode besides its reward
-            (`Environment.episode_metrics`, e.g. Wordle's `valid_guesses`), read when it ended.
-    """
+class Sample:
+    """One training sequence: a prompt, then tokens with a loss mask (1: sampled by the model,
+    0: observation) and the engine's logprobs (0.0 on observation tokens)."""
 
     prompt_ids: list[int]
     completion_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    reward: float | None = 0.0
-    rewards: dict[str, float] = field(default_factory=dict)
-    status: Status = "finished"
-    error: str | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
-    row: dict[str, Any] = field(default_factory=dict)
-    turns: list[dict[str, list]] = field(default_factory=list)
-    step_rewards: list[dict[str, float]] = field(default_factory=list)
-    env_metrics: dict[str, float] = field(default_factory=dict)
 
     def append(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
         """Append model tokens (`sampled=True`, with their logprobs) or observation tokens."""
@@ -116,16 +72,93 @@ class Trajectory:
         self.loss_mask.extend([1 if sampled else 0] * len(ids))
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
 
-    def samples(self) -> list[Sample]:
-        """What the update trains on: the episode as one sequence, or one sample per turn."""
-        if not self.turns:
-            return [Sample(self.prompt_ids, self.completion_ids, self.loss_mask, self.logprobs)]
-        return [
-            Sample(
-                t["prompt_ids"], t["completion_ids"], [1] * len(t["completion_ids"]), t["logprobs"]
-            )
-            for t in self.turns
-        ]
+
+@dataclass
+class Trajectory:
+    """One episode, ready for a policy-gradient update.
+
+    Attributes:
+        samples: What the update trains on: one `Sample` for an episode played as one sequence
+            (prompt, then model and observation tokens interleaved), one per assistant turn for
+            episodes built turn by turn (templates that are not prefix-preserving,
+            `ChatRenderer.per_turn`: each turn's prompt is the template's rendering of the
+            conversation before it). The last sample is the episode as the model last saw it.
+        messages: The conversation: prompt messages, then assistant and tool messages (assistant
+            turns: parsed `content`, `reasoning_content`, `tool_calls`, and `raw_content`).
+        reward: The episode's total reward: the environment's, or, in training, the weighted
+            sum of `reward_sources` (see `GRPOConfig.reward_weights`); None where the
+            environment gave none and nothing replaced it (TRL's and OpenEnv's "no reward":
+            it counts 0, as TRL sums the sources that score).
+        reward_sources: What the total is made of, unweighted, by source: `env` (the episode's
+            reward as played: the environment's, or `AgentLimits.model_failure_reward`), each
+            reward function by name, and `step_rewards` (the sum of an inline episode's
+            per-step rewards, where it has some); None where a source gave no value.
+        status: How the episode ended; one of `STATUSES`.
+        error: What went wrong, for the failure statuses.
+        metrics: turns, tool_calls, tool_failures, parse_failures, generation_seconds,
+            tool_seconds, model_tokens, observation_tokens.
+        row: The dataset row the episode was reset with (without its prompt).
+        step_rewards: Inline episodes: the reward of each environment step, with `end`, the
+            index in the last sample's `completion_ids` just past the model's span it rewards
+            (the marker's token), e.g. `[{"end": 14, "reward": -0.3}]`.
+        env_metrics: The environment's named figures of the episode besides its reward
+            (`Environment.episode_metrics`, e.g. Wordle's `valid_guesses`), read when it ended.
+
+    `prompt_ids`, `completion_ids`, `loss_mask` and `logprobs` read the last sample's.
+    """
+
+    samples: list[Sample] = field(default_factory=lambda: [Sample([])])
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    reward: float | None = 0.0
+    reward_sources: dict[str, float | None] = field(default_factory=dict)
+    status: Status = "finished"
+    error: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    row: dict[str, Any] = field(default_factory=dict)
+    step_rewards: list[dict[str, float]] = field(default_factory=list)
+    env_metrics: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.samples or not all(isinstance(s, Sample) for s in self.samples):
+            raise TypeError("Trajectory(samples=...) takes a non-empty list of Sample")
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        """The last sample's prompt (the first prompt, for a one-sequence episode)."""
+        return self.samples[-1].prompt_ids
+
+    @property
+    def completion_ids(self) -> list[int]:
+        """The last sample's model and observation tokens."""
+        return self.samples[-1].completion_ids
+
+    @property
+    def loss_mask(self) -> list[int]:
+        """The last sample's loss mask (1 on sampled tokens, 0 on observation tokens)."""
+        return self.samples[-1].loss_mask
+
+    @property
+    def logprobs(self) -> list[float]:
+        """The last sample's logprobs (0.0 on observation tokens)."""
+        return self.samples[-1].logprobs
+
+    @property
+    def model_tokens(self) -> int:
+        """The tokens the model sampled, over all samples (what the loss trains on)."""
+        return sum(sum(sample.loss_mask) for sample in self.samples)
+
+    @property
+    def observation_tokens(self) -> int:
+        """The tokens after the first prompt that the model did not sample (tool results, and
+        for per-turn samples the template's rendering between turns)."""
+        first, last = self.samples[0], self.samples[-1]
+        length = len(last.prompt_ids) + len(last.completion_ids) - len(first.prompt_ids)
+        return max(0, length - self.model_tokens)
+
+    def append(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
+        """Append model tokens (`sampled=True`, with their logprobs) or observation tokens to
+        the last sample."""
+        self.samples[-1].append(ids, sampled, logprobs)
 
     def template_messages(self) -> list[dict[str, Any]]:
         """The messages as the chat template should render them to reproduce the tokens.
@@ -160,7 +193,26 @@ class Trajectory:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Trajectory:
-        """The trajectory `to_dict` wrote."""
+        """The trajectory `to_dict` wrote, also in the format before `samples` (flat
+        `prompt_ids`, `completion_ids`, `loss_mask`, `logprobs`, and per-turn episodes'
+        `turns`, whose masks were all ones; an unused `rewards`)."""
+        data = dict(data)
+        if "samples" in data:
+            data["samples"] = [Sample(**sample) for sample in data["samples"]]
+        else:
+            flat = Sample(*(data.pop(name, None) or [] for name in SAMPLE_FIELDS))
+            turns = [
+                Sample(
+                    t["prompt_ids"],
+                    t["completion_ids"],
+                    [1] * len(t["completion_ids"]),
+                    t["logprobs"],
+                )
+                for t in data.pop("turns", None) or []
+            ]
+            data["samples"] = turns or [flat]
+        legacy = data.pop("rewards", None)
+        data.setdefault("reward_sources", dict(legacy or {}))
         return cls(**data)
 
 

@@ -8,7 +8,7 @@ and measures the memory of a run's stages.
 
 from toolgym.agents.trajectory import summarize
 from toolgym.algorithms.advantages import group_advantages
-from toolgym.algorithms.batch import TokenBatch, collate
+from toolgym.algorithms.batch import TokenBatch, TrainingSample, collate, training_samples
 from toolgym.algorithms.config import GRPOConfig, RLOOConfig, SFTConfig
 from toolgym.algorithms.grpo import GRPOTrainer
 from toolgym.algorithms.losses import StepNormalizer, masked_nll, policy_loss, token_logprobs
@@ -27,6 +27,7 @@ __all__ = [
     "StageClock",
     "StepNormalizer",
     "TokenBatch",
+    "TrainingSample",
     "collate",
     "compute_rewards",
     "default_cache_dir",
@@ -36,5 +37,6 @@ __all__ = [
     "policy_loss",
     "summarize",
     "token_logprobs",
+    "training_samples",
     "warmup_sft",
 ]

@@ -1,11 +1,14 @@
 """Training samples -> padded tensors for the loss.
 
-A trajectory gives one sample (the episode as one sequence) or one per assistant turn
-(templates that are not prefix-preserving; `Trajectory.samples`). Every tensor is (samples,
-longest prompt + completion), right-padded. `loss_mask` is 1 only on tokens the model sampled:
-prompt, observation (tool-result) and padding tokens are 0, so they count nowhere in the loss,
-the KL or any normalisation. `episode_tokens` lets a per-episode normalisation (`grpo`) divide
-a per-turn sample by its whole episode's sampled tokens, as if it were one sequence.
+Every trajectory holds its samples (`Trajectory.samples`): one for an episode played as one
+sequence, one per assistant turn for templates that are not prefix-preserving.
+`training_samples` pairs each sample with what the loss needs of its episode (advantage,
+whether it enters the loss, its sampled tokens, per-token step-reward credit), and `collate`
+pads any selection of them into a `TokenBatch`: every tensor is (samples, longest prompt +
+completion), right-padded. `loss_mask` is 1 only on tokens the model sampled: prompt,
+observation (tool-result) and padding tokens are 0, so they count nowhere in the loss, the KL
+or any normalisation. `episode_tokens` lets a per-episode normalisation (`grpo`) divide a
+per-turn sample by its whole episode's sampled tokens, as if it were one sequence.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from toolgym.agents.trajectory import Sample, Trajectory
+from toolgym.algorithms.rewards import step_reward_bonus
 
 
 @dataclass
@@ -49,62 +53,82 @@ class TokenBatch:
         return mask, self.sampling_logprobs[:, 1:], mask.sum()
 
 
-def collate(
+@dataclass(frozen=True)
+class TrainingSample:
+    """One sample with what the loss needs of its episode."""
+
+    sample: Sample
+    advantage: float = 0.0
+    """Its episode's advantage."""
+    used: bool = True
+    """Whether its episode enters the loss (else its loss mask is all zeros)."""
+    episode_tokens: int = 0
+    """The sampled tokens of its whole episode (`Trajectory.model_tokens`)."""
+    bonus: list[float] | None = None
+    """Per completion token, added to the advantage (step-reward credit), or None."""
+
+    @property
+    def length(self) -> int:
+        """Prompt and completion tokens."""
+        return len(self.sample.prompt_ids) + len(self.sample.completion_ids)
+
+
+def training_samples(
     trajectories: Sequence[Trajectory],
-    pad_id: int,
     advantages: Sequence[float] | torch.Tensor | None = None,
     used: Sequence[bool] | torch.Tensor | None = None,
-) -> TokenBatch:
-    """Pad the samples of `trajectories` into a TokenBatch (each sample takes its trajectory's
-    advantage); samples of trajectories with `used` False get an all-zero loss mask."""
-    samples, sample_advantages, sample_used, episode_tokens = [], [], [], []
+    step_credit: bool = False,
+) -> list[TrainingSample]:
+    """Every sample of every trajectory, in order, with its trajectory's advantage (default
+    0) and `used` flag (default True); with `step_credit`, an inline episode's per-step
+    rewards credit the tokens of their spans (`rewards.step_reward_bonus`, on the last
+    sample, whose completion the step ends index)."""
+    for name, values in (("advantages", advantages), ("used", used)):
+        if values is not None and len(values) != len(trajectories):
+            raise ValueError(f"{len(values)} {name} for {len(trajectories)} trajectories")
+    rows: list[TrainingSample] = []
     for index, trajectory in enumerate(trajectories):
-        pieces = trajectory.samples()
-        tokens = sum(sum(piece.loss_mask) for piece in pieces)
-        for piece in pieces:
-            samples.append(piece)
-            sample_advantages.append(0.0 if advantages is None else float(advantages[index]))
-            sample_used.append(True if used is None else bool(used[index]))
-            episode_tokens.append(tokens)
-    return collate_samples(samples, sample_advantages, sample_used, episode_tokens, pad_id=pad_id)
+        advantage = 0.0 if advantages is None else float(advantages[index])
+        use = True if used is None else bool(used[index])
+        tokens = trajectory.model_tokens
+        last = len(trajectory.samples) - 1
+        bonus = step_reward_bonus(trajectory) if step_credit and trajectory.step_rewards else None
+        rows.extend(
+            TrainingSample(sample, advantage, use, tokens, bonus if at == last else None)
+            for at, sample in enumerate(trajectory.samples)
+        )
+    return rows
 
 
-def collate_samples(
-    samples: Sequence[Sample],
-    advantages: Sequence[float],
-    used: Sequence[bool],
-    episode_tokens: Sequence[int],
-    bonuses: Sequence[Sequence[float] | None] | None = None,
-    *,
-    pad_id: int,
-) -> TokenBatch:
-    """Pad samples into a TokenBatch; `bonuses` (per sample, one value per completion token)
-    are added to the advantage of those tokens."""
-    count = len(samples)
-    longest = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+def collate(rows: Sequence[TrainingSample], pad_id: int) -> TokenBatch:
+    """Pad samples into a TokenBatch (e.g. `collate(training_samples(trajectories), pad_id)`,
+    or a micro-batch of them); each row's `bonus` is added to the advantage of its completion
+    tokens."""
+    count = len(rows)
+    longest = max(row.length for row in rows)
     input_ids = torch.full((count, longest), pad_id, dtype=torch.long)
     attention = torch.zeros((count, longest), dtype=torch.long)
     loss_mask = torch.zeros((count, longest), dtype=torch.float32)
     logprobs = torch.zeros((count, longest), dtype=torch.float32)
-    token_advantages = torch.tensor(advantages, dtype=torch.float32)[:, None].repeat(1, longest)
-    for row, sample in enumerate(samples):
-        bonus = bonuses[row] if bonuses is not None else None
-        if bonus:
-            start = len(sample.prompt_ids)
-            token_advantages[row, start : start + len(bonus)] += torch.tensor(bonus)
+    advantages = torch.tensor([row.advantage for row in rows], dtype=torch.float32)
+    token_advantages = advantages[:, None].repeat(1, longest)
+    for index, row in enumerate(rows):
+        sample = row.sample
         start, ids = len(sample.prompt_ids), sample.prompt_ids + sample.completion_ids
-        input_ids[row, : len(ids)] = torch.tensor(ids)
-        attention[row, : len(ids)] = 1
-        if used[row]:
-            loss_mask[row, start : len(ids)] = torch.tensor(sample.loss_mask, dtype=torch.float)
+        if row.bonus:
+            token_advantages[index, start : start + len(row.bonus)] += torch.tensor(row.bonus)
+        input_ids[index, : len(ids)] = torch.tensor(ids)
+        attention[index, : len(ids)] = 1
+        if row.used:
+            loss_mask[index, start : len(ids)] = torch.tensor(sample.loss_mask, dtype=torch.float)
         if sample.logprobs:
-            logprobs[row, start : len(ids)] = torch.tensor(sample.logprobs)
+            logprobs[index, start : len(ids)] = torch.tensor(sample.logprobs)
     return TokenBatch(
         input_ids,
         attention,
         loss_mask,
         logprobs * loss_mask,
-        torch.tensor(advantages, dtype=torch.float32),
-        torch.tensor(episode_tokens, dtype=torch.float32),
+        advantages,
+        torch.tensor([row.episode_tokens for row in rows], dtype=torch.float32),
         token_advantages,
     )

@@ -36,9 +36,9 @@ from toolgym.agents.engines.base import SamplingParams
 from toolgym.agents.engines.hf import HFEngine
 from toolgym.agents.engines.logs import engine_logs_to_file, engine_logs_to_terminal
 from toolgym.agents.rollout import Agent
-from toolgym.agents.trajectory import Sample, Trajectory, outcome, save_jsonl, summarize
+from toolgym.agents.trajectory import Trajectory, outcome, save_jsonl, summarize
 from toolgym.algorithms.advantages import group_advantages
-from toolgym.algorithms.batch import collate_samples
+from toolgym.algorithms.batch import collate, training_samples
 from toolgym.algorithms.checkpoint import (
     load_checkpoint,
     save_checkpoint,
@@ -54,7 +54,6 @@ from toolgym.algorithms.losses import (
 from toolgym.algorithms.rewards import (
     RewardFunc,
     compute_rewards,
-    step_reward_bonus,
     step_reward_total,
 )
 from toolgym.algorithms.sft import demonstrations, warmup_sft
@@ -307,8 +306,12 @@ class GRPOTrainer:
             sources["step_rewards"] = [step_reward_total(t) for t in trajectories]
             if self.args.step_rewards == "return":
                 rewards = [r + s for r, s in zip(rewards, sources["step_rewards"], strict=True)]
-        for trajectory, reward in zip(trajectories, rewards, strict=True):
+        for index, (trajectory, reward) in enumerate(zip(trajectories, rewards, strict=True)):
             trajectory.reward = reward
+            trajectory.reward_sources = {
+                name: None if math.isnan(values[index]) else values[index]
+                for name, values in sources.items()
+            }
         return Rollouts(trajectories, sources, share, version, started, rollout_seconds)
 
     def _learn(self, rollouts: Rollouts) -> dict[str, Any]:
@@ -429,7 +432,7 @@ class GRPOTrainer:
         return gather_object(items) if self.accelerator.num_processes > 1 else items
 
     def _valid(self, trajectory: Trajectory) -> bool:
-        if trajectory.failed or not any(s.completion_ids for s in trajectory.samples()):
+        if trajectory.failed or not any(s.completion_ids for s in trajectory.samples):
             return False
         return not (self.args.mask_truncated and trajectory.status in ("length", "max_turns"))
 
@@ -444,13 +447,10 @@ class GRPOTrainer:
         lengths (less padding; the step's loss does not depend on the grouping)."""
         args, device = self.args, self.accelerator.device
         size = args.micro_batch_size
-        rows = _sample_rows(trajectories, advantages, used, args.step_rewards == "tokens")
-        order = sorted(range(len(rows)), key=lambda i: _length(rows[i][0]))
+        rows = training_samples(trajectories, advantages, used, args.step_rewards == "tokens")
+        rows.sort(key=lambda row: row.length)  # stable: ties keep their order
         batches = [
-            collate_samples(*zip(*(rows[i] for i in chunk), strict=True), pad_id=self.pad_id).to(
-                device
-            )
-            for chunk in (order[i : i + size] for i in range(0, len(order), size))
+            collate(rows[i : i + size], self.pad_id).to(device) for i in range(0, len(rows), size)
         ]
         tokens = sum(float(b.loss_mask[:, 1:].sum()) for b in batches)
         tokens = (
@@ -759,28 +759,6 @@ class Rollouts:
     """The step whose weights the engine sampled from (later turns may use newer ones)."""
     started: float
     seconds: float
-
-
-def _length(sample: Sample) -> int:
-    return len(sample.prompt_ids) + len(sample.completion_ids)
-
-
-def _sample_rows(
-    trajectories: list[Trajectory],
-    advantages: torch.Tensor,
-    used: torch.Tensor,
-    step_credit: bool = False,
-) -> list[tuple[Sample, float, bool, int, list[float] | None]]:
-    """(sample, its episode's advantage, whether the episode enters the loss, the episode's
-    sampled tokens, per-token step-reward credit) for every training sample of every
-    trajectory (one per turn in per-turn episodes)."""
-    rows: list[tuple[Sample, float, bool, int, list[float] | None]] = []
-    for trajectory, advantage, use in zip(trajectories, advantages, used, strict=True):
-        samples = trajectory.samples()
-        tokens = sum(sum(sample.loss_mask) for sample in samples)
-        bonus = step_reward_bonus(trajectory) if step_credit and trajectory.step_rewards else None
-        rows.extend((sample, float(advantage), bool(use), tokens, bonus) for sample in samples)
-    return rows
 
 
 def _groups_without_signal(rewards: list[float], used: torch.Tensor, size: int) -> int:

@@ -22,7 +22,7 @@ import torch
 from toolgym.agents.engines.scripted import ScriptedEngine
 from toolgym.agents.rollout import Agent, AgentLimits
 from toolgym.agents.trajectory import Trajectory
-from toolgym.algorithms.batch import collate
+from toolgym.algorithms.batch import collate, training_samples
 from toolgym.algorithms.config import SFTConfig
 from toolgym.algorithms.losses import compile_by_default, token_logprobs
 from toolgym.envs.calls import close_all
@@ -146,7 +146,9 @@ def _sft_step(model: Any, chosen: list[Trajectory], pad_id: int, config: SFTConf
     device = next(model.parameters()).device
     chosen = sorted(chosen, key=lambda t: len(t.prompt_ids) + len(t.completion_ids))
     size = config.micro_batch_size or len(chosen)
-    batches = [collate(chosen[i : i + size], pad_id) for i in range(0, len(chosen), size)]
+    batches = [
+        collate(training_samples(chosen[i : i + size]), pad_id) for i in range(0, len(chosen), size)
+    ]
     tokens = sum(float(batch.loss_mask[:, 1:].sum()) for batch in batches)
     total = 0.0
     for batch in batches:

@@ -60,7 +60,7 @@ def warmup_key(model: Any, demos: Sequence[Trajectory], config: SFTConfig) -> st
     for trajectory in demos:
         samples = [
             [sample.prompt_ids, sample.completion_ids, sample.loss_mask]
-            for sample in trajectory.samples()
+            for sample in trajectory.samples
         ]
         digest.update(json.dumps(samples).encode())
     return digest.hexdigest()

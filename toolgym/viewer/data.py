@@ -69,11 +69,24 @@ def search_text(data: dict[str, Any], limit: int = SEARCH_CHARS) -> str:
     return "\n".join(parts)[:limit].lower()
 
 
+def shown_sample(data: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """The sample the token view shows, and how many samples the episode trains on: the last
+    of `samples` (the episode as the model last saw it), or, in files written before
+    `samples`, the flat `prompt_ids` ... `logprobs` (a per-turn episode's last turn, with
+    its earlier turns in `turns`)."""
+    samples = data.get("samples")
+    if isinstance(samples, list):
+        last = samples[-1] if samples and isinstance(samples[-1], dict) else {}
+        return last, len(samples)
+    return data, max(1, len(data.get("turns") or []))
+
+
 def summarize_episode(data: dict[str, Any], source: str, index: int) -> dict[str, Any]:
     """The table row of one trajectory dict (`Trajectory.to_dict()`)."""
     metrics = data.get("metrics") or {}
     env_metrics = data.get("env_metrics") or {}
     error = data.get("error")
+    sample, samples = shown_sample(data)
     return {
         "source": source,
         "index": index,
@@ -83,17 +96,19 @@ def summarize_episode(data: dict[str, Any], source: str, index: int) -> dict[str
         "turns": _finite(metrics.get("turns")),
         "tool_calls": _finite(metrics.get("tool_calls")),
         "tool_failures": _finite(metrics.get("tool_failures")),
-        "tokens": len(data.get("completion_ids") or []),
+        "tokens": len(sample.get("completion_ids") or []),
+        "samples": samples,
         "error": None if error is None else str(error)[:ERROR_CHARS],
         "env_metrics": {k: v for k, v in env_metrics.items() if _finite(v) is not None},
     }
 
 
 def is_trajectory(data: Any) -> bool:
-    """Whether a parsed JSON line looks like `Trajectory.to_dict()` output."""
+    """Whether a parsed JSON line looks like `Trajectory.to_dict()` output (`samples`, or
+    the flat `completion_ids` of files written before them)."""
     return (
         isinstance(data, dict)
-        and isinstance(data.get("completion_ids"), list)
+        and isinstance(data.get("samples", data.get("completion_ids")), list)
         and isinstance(data.get("messages"), list)
     )
 

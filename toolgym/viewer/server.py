@@ -9,8 +9,9 @@ Routes (all GET):
   changed since `V`, only `{"version": V, "unchanged": true}`.
 - `/api/episodes?source=&status=&q=&step_min=&step_max=&reward_min=&reward_max=&sort=&offset=
   &limit=` one page of episode summaries and the counts (`total`, `matched`, `statuses`).
-- `/api/episode?source=NAME&index=I` one full episode, with its prompt and completion tokens
-  decoded (`mask`, `logprob` per completion token).
+- `/api/episode?source=NAME&index=I` one full episode, with the prompt and completion tokens
+  of its last sample decoded (`mask`, `logprob` per completion token) and its number of
+  `samples` (one per turn in per-turn episodes).
 - `/api/compare?mode=greedy&row=I` row I of each evaluation stage of that mode, side by side
   (paired by line number: a `warning` says when their dataset rows differ).
 
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from toolgym.viewer.data import EVAL_FILE, EpisodeQuery, RunData
+from toolgym.viewer.data import EVAL_FILE, EpisodeQuery, RunData, shown_sample
 from toolgym.viewer.tokens import TokenDecoder
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -43,7 +44,8 @@ CONTENT_TYPES = {
     ".css": "text/css; charset=utf-8",
     ".svg": "image/svg+xml",
 }
-TOKEN_FIELDS = ("prompt_ids", "completion_ids", "loss_mask", "logprobs")
+TOKEN_FIELDS = ("samples", "prompt_ids", "completion_ids", "loss_mask", "logprobs", "turns")
+"""Left out of the episode JSON (the token view decodes the last sample instead)."""
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; base-uri 'none'",
     "X-Content-Type-Options": "nosniff",
@@ -153,15 +155,17 @@ class ViewerApp:
         index = int(params.get("index", ""))
         data = episode_file.read(index)
         tokenizer = self.decoder.describe()  # before decoding: "pending" errs towards a re-fetch
+        sample, samples = shown_sample(data)
         return {
             "summary": episode_file.summary(index),
             "episode": {k: v for k, v in data.items() if k not in TOKEN_FIELDS},
-            "prompt_tokens": self.decoder.tokens(_list(data.get("prompt_ids"))),
+            "prompt_tokens": self.decoder.tokens(_list(sample.get("prompt_ids"))),
             "completion_tokens": self.decoder.tokens(
-                _list(data.get("completion_ids")),
-                _list(data.get("loss_mask")),
-                _list(data.get("logprobs")),
+                _list(sample.get("completion_ids")),
+                _list(sample.get("loss_mask")),
+                _list(sample.get("logprobs")),
             ),
+            "samples": samples,
             "tokenizer": tokenizer,
         }
 

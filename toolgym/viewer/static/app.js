@@ -542,7 +542,9 @@ function facts(summary, episode) {
   ];
   const parts = items.map(([name, value]) => el("div", {}, [el("b", { text: name }), value]));
   if (episode.error) parts.push(el("div", { class: "wide error-text" }, [el("b", { text: "error" }), episode.error]));
-  const groups = [["rewards", episode.rewards], ["env metrics", episode.env_metrics], ["metrics", episode.metrics]];
+  // reward_sources: the total's parts (older files: an unused "rewards")
+  const sources = episode.reward_sources || episode.rewards;
+  const groups = [["reward sources", sources], ["env metrics", episode.env_metrics], ["metrics", episode.metrics]];
   for (const [name, value] of groups) {
     if (value && Object.keys(value).length) {
       const text = Object.entries(value).map(([k, v]) => `${k} ${fmt(v)}`).join(" · ");
@@ -619,7 +621,7 @@ function renderTokens(answer, episode) {
   const notes = [];
   if (answer.tokenizer.pending) notes.push("Loading the tokenizer: tokens show their ids until it is ready.");
   else if (!answer.tokenizer.loaded) notes.push(`No tokenizer (${answer.tokenizer.error || "none found"}): tokens show their ids.`);
-  if ((episode.turns || []).length) notes.push("This episode was trained one sample per turn; these are its last turn's tokens.");
+  if (answer.samples > 1) notes.push(`This episode was trained one sample per turn (${answer.samples}); these are its last turn's tokens.`);
   $("#token-note").textContent = notes.join(" ");
 }
 

@@ -187,3 +187,24 @@ def test_a_worker_that_stops_reading_cannot_hang_the_host():
         assert answer(env, "exists", path="/tmp")[0] == "true"
     finally:
         env.close()
+
+
+def test_a_host_holding_many_descriptors_still_starts_workers():
+    """Until exec the child holds the host's descriptors (a few per live worker): with the
+    open-files limit set first, the 64th worker of one host process failed to start. The
+    limits now come last; 300 open descriptors stand in for 64 workers."""
+    import os
+
+    pipes = [os.pipe() for _ in range(150)]
+    env = RemoteEnvironment(Prober, backend=ProcessBackend(), call_timeout=10.0)
+    try:
+        env.reset()
+        assert answer(env, "exists", path="/tmp")[0] == "true"
+        isolation = env.isolation
+    finally:
+        env.close()
+        for read, write in pipes:
+            os.close(read)
+            os.close(write)
+    assert env.isolation is isolation  # a closed instance starts no worker to answer
+    assert not env.alive

@@ -136,12 +136,14 @@ class ProcessBackend:
             )
 
         def prepare_child() -> None:  # between fork and exec, in this order
-            self._limit_child()
             group.join()  # (as root: joining and mounting need it)
             if launch.scratch is not None:
                 launch.scratch.mount()
             if launch.user is not None:
                 become(launch.user)
+            # the limits last: until exec the child still holds the host's descriptors (a few
+            # per live worker), so an open-files limit set first failed the 64th start
+            self._limit_child()
             _die_with_parent()  # after `become`: a change of user clears it
 
         # Spawned from one long-lived thread: the parent-death signal (and bubblewrap's

@@ -245,6 +245,8 @@ class RemoteExecutor(Executor):
         self.target, self.kwargs, self.backend = target, kwargs, backend
         self.call_timeout, self.start_timeout = call_timeout, start_timeout
         self.max_turns = getattr(target, "max_turns", None)
+        self.last_isolation: Isolation | None = None
+        """What the last worker got, kept when the instance is closed."""
         self.revoked: str | None = None
         """Why this instance may not be used any more (set by its pool), or None."""
         self.channel: Channel | None = None
@@ -342,6 +344,7 @@ class RemoteExecutor(Executor):
     def close(self) -> None:
         """Stop the worker (the environment's own `close` runs there first)."""
         if self.channel is not None:
+            self.last_isolation = self.channel.isolation
             if self.channel.alive:
                 with contextlib.suppress(SandboxError):
                     self.request("invoke", name="close")
@@ -463,8 +466,12 @@ class RemoteEnvironment(Stepper):
 
     @property
     def isolation(self) -> Isolation:
-        """What the current worker got (network, filesystem, limits, user)."""
-        return self.executor.channel_or_start().isolation
+        """What the current worker got (network, filesystem, limits, user); of a closed
+        instance, what its last worker had (asking starts no worker)."""
+        executor = self.executor
+        if executor.channel is None and executor.last_isolation is not None:
+            return executor.last_isolation
+        return executor.channel_or_start().isolation
 
     @property
     def alive(self) -> bool:

@@ -7,6 +7,8 @@ toolgym eval Wordle-v0 --model smollm2-135m -n 8     success rate, reward, turns
 toolgym train Wordle-v0 --model smollm2-135m [--config run.yaml] [--max-steps 30 ...]
                                                      GRPO / RLOO, every GRPOConfig field a flag
 toolgym view runs/grpo [--port 8765] [--open]        the run viewer (a run folder or a JSONL)
+toolgym endpoint --model smollm2-135m [--port 8000]  an OpenAI-compatible endpoint that
+                                                     records exact tokens per session
 
 ENV is a registered id (Wordle-v0), path/to/file.py:Class or module:attr (an environment
 class or a factory); `toolgym COMMAND --help` for each command's options.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from toolgym.cli.endpoint import add_endpoint_command
 from toolgym.cli.episodes import add_episode_commands
 from toolgym.cli.errors import CLIError
 from toolgym.cli.train import add_train_command
@@ -33,6 +36,7 @@ def build_parser(train_flags: bool = True) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_episode_commands(commands)
     add_train_command(commands, with_config_flags=train_flags)
+    add_endpoint_command(commands)
     return parser
 
 

@@ -382,6 +382,21 @@ def test_wordle_episodes_are_token_exact_for_real_template_families(family):
     ]
 
 
+def test_a_turn_that_never_started_leaves_no_empty_sample(tokenizer):
+    """Per-turn episodes: when the token budget ends the episode at the next turn's prompt,
+    that prompt is not a sample (nothing was sampled after it), but its tool results count
+    as observation tokens."""
+    replies = [GUESS.format(word="slate"), GUESS.format(word="crane")]
+    first = len(ids(tokenizer, replies[0]))
+    engine = ScriptedEngine([ids(tokenizer, r) for r in replies], tokenizer=tokenizer)
+    limits = AgentLimits(max_episode_tokens=first + 5)
+    agent = Agent(engine, tokenizer, parser="hermes", per_turn=True, limits=limits)
+    (trajectory,) = agent.run([toolgym.make("Wordle-v0")], wordle_rows(1))
+    assert trajectory.status == "length" and len(trajectory.samples) == 1
+    assert trajectory.loss_mask == [1] * first and trajectory.model_tokens == first
+    assert trajectory.metrics["observation_tokens"] > 5  # the first guess's result
+
+
 def test_glm_turns_end_where_the_next_turn_opens():
     """GLM's template closes no turn: the model stops on <|observation|> before tool results
     and on <|user|> after a final answer. Both are stop tokens; the tool results follow the

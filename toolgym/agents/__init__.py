@@ -27,6 +27,13 @@ if TYPE_CHECKING:  # the public names: type checkers read them, and lazy_exports
     from toolgym.agents.limits import AgentLimits
     from toolgym.agents.parsers import PARSERS, ParsedMessage, get_parser
     from toolgym.agents.rollout import Agent
-    from toolgym.agents.trajectory import STATUSES, Trajectory, load_jsonl, save_jsonl, summarize
+    from toolgym.agents.trajectory import (
+        STATUSES,
+        Sample,
+        Trajectory,
+        load_jsonl,
+        save_jsonl,
+        summarize,
+    )
 
 __all__, __getattr__, __dir__ = lazy_exports(__name__, __file__)

@@ -14,14 +14,12 @@ import copy
 import functools
 import math
 import queue
-import random
 import statistics
 import threading
 import time
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,15 +51,13 @@ from toolgym.algorithms.losses import (
 )
 from toolgym.algorithms.rewards import (
     RewardFunc,
-    compute_rewards,
-    step_reward_total,
 )
+from toolgym.algorithms.sampler import Rollouts, Sampler
 from toolgym.algorithms.sft import demonstrations, warmup_sft
 from toolgym.algorithms.stages import StageClock
 from toolgym.algorithms.tracking import MetricsLog, plot_rewards
 from toolgym.algorithms.warmup_cache import load_warmup, store_warmup, warmup_key
 from toolgym.algorithms.weights import policy_state_dict, save_policy
-from toolgym.envs.calls import close_all
 
 Row = dict[str, Any]
 
@@ -120,7 +116,7 @@ class GRPOTrainer:
         self.eval_rows = [dict(r) for r in eval_dataset] if eval_dataset is not None else []
         if not self.train_rows:
             raise ValueError("train_dataset is empty")
-        self.make_env = self._env_factory(env, env_kwargs or {})
+        self._make_env = self._env_factory(env, env_kwargs or {})
         self.reward_funcs = list(reward_funcs or [])
         if args.lora is not None:
             model = _with_lora(model, args.lora)
@@ -133,11 +129,21 @@ class GRPOTrainer:
         with self.stages.stage("engine start"):
             self.engine = engine or self._make_engine()
         self.agent = self._make_agent()
+        self.sampler = Sampler(
+            self.agent,
+            self._make_env,
+            self.train_rows,
+            args,
+            self.reward_funcs,
+            rollout_fn,
+            (self.accelerator.process_index, self.accelerator.num_processes),
+            self.stages,
+        )
+        """Plays and scores episodes; needs nothing of the learner (model, optimizer, loss)."""
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.step = 0
         self._engine_version = 0  # the step whose weights the engine samples from
         self._last_step_end = 0.0
-        self._order: tuple[int, list[int]] = (-1, [])
         self.stopped_by = ""
         """Why the last `train()` ended: "max_steps" or the `max_seconds` budget."""
         self._train_started, self._train_first_step = 0.0, 0
@@ -277,42 +283,18 @@ class GRPOTrainer:
         return self._learn(self._rollouts(self.step))
 
     def _rollouts(self, step: int) -> Rollouts:
-        """Play and score step `step`'s episodes (this process's share) with the engine's
-        current weights."""
-        started = time.perf_counter()
-        version = self._engine_version
-        rows, seeds = self._step_rows(step)
-        share = self._my_share(len(rows))
-        mine = [rows[i] for i in share]
-        envs: list[Any] = []
-        try:  # the environments (sandboxes, containers) close on every path
-            envs.extend(self.make_env() for _ in share)
-            with self.stages.stage("rollouts"):
-                trajectories = self.agent.run(
-                    envs, mine, [seeds[i] for i in share], rollout_fn=self.rollout_fn
-                )
-            rollout_seconds = time.perf_counter() - started
-            rewards, sources = compute_rewards(
-                trajectories,
-                mine,
-                envs,
-                self.reward_funcs,
-                self.args.reward_weights,
-                self.args.env_reward,
-            )
-        finally:
-            close_all(envs)
-        if any(t.step_rewards for t in trajectories):
-            sources["step_rewards"] = [step_reward_total(t) for t in trajectories]
-            if self.args.step_rewards == "return":
-                rewards = [r + s for r, s in zip(rewards, sources["step_rewards"], strict=True)]
-        for index, (trajectory, reward) in enumerate(zip(trajectories, rewards, strict=True)):
-            trajectory.reward = reward
-            trajectory.reward_sources = {
-                name: None if math.isnan(values[index]) else values[index]
-                for name, values in sources.items()
-            }
-        return Rollouts(trajectories, sources, share, version, started, rollout_seconds)
+        """Step `step`'s episodes, played and scored by the sampler with the engine's current
+        weights."""
+        return self.sampler.play(step, self._engine_version)
+
+    @property
+    def make_env(self) -> Callable[[], Any]:
+        """What makes (or leases) one rollout's environment."""
+        return self.sampler.make_env
+
+    @make_env.setter
+    def make_env(self, factory: Callable[[], Any]) -> None:
+        self._make_env = self.sampler.make_env = factory
 
     def _learn(self, rollouts: Rollouts) -> dict[str, Any]:
         """Advantages, the update, the weight sync and the step's metrics, for one batch."""
@@ -399,35 +381,6 @@ class GRPOTrainer:
             producer.join()
 
     # -- pieces -----------------------------------------------------------------------------
-    def _step_rows(self, step: int) -> tuple[list[Row], list[int]]:
-        """Step `step`'s rows, each repeated `num_generations` times, and one seed per group."""
-        count = self.args.prompts_per_step
-        rows, seeds = [], []
-        for slot in range(count):
-            index = step * count + slot
-            epoch, position = divmod(index, len(self.train_rows))
-            order = self._epoch_order(epoch)
-            seed = (self.args.seed * 1_000_003 + index) % 2**31
-            for _ in range(self.args.num_generations):
-                rows.append(dict(self.train_rows[order[position]]))
-                seeds.append(seed)
-        return rows, seeds
-
-    def _epoch_order(self, epoch: int) -> list[int]:
-        """The dataset's shuffled order in `epoch` (seeded, so a resumed run sees the same)."""
-        if self._order[0] != epoch:
-            order = list(range(len(self.train_rows)))
-            random.Random(self.args.seed * 7919 + epoch).shuffle(order)
-            self._order = (epoch, order)
-        return self._order[1]
-
-    def _my_share(self, total: int) -> list[int]:
-        processes, me = self.accelerator.num_processes, self.accelerator.process_index
-        if total % processes:
-            raise ValueError(f"{total} rollouts per step do not split over {processes} processes")
-        size = total // processes
-        return list(range(me * size, (me + 1) * size))
-
     def _gather(self, items: list[Any]) -> list[Any]:
         return gather_object(items) if self.accelerator.num_processes > 1 else items
 
@@ -575,21 +528,8 @@ class GRPOTrainer:
         rows = [dict(r) for r in (rows if rows is not None else self.eval_rows)]
         if not rows:
             raise ValueError("no evaluation rows (pass eval_dataset or rows)")
-        # passed to this run only: training rollouts in flight (max_staleness > 0) keep theirs
-        sampling = SamplingParams(temperature=temperature, top_p=1.0)
-        envs: list[Any] = []
-        try:
-            envs.extend(self.make_env() for _ in rows)
-            with self.stages.stage("evaluation"):
-                trajectories = self.agent.run(
-                    envs,
-                    rows,
-                    list(range(len(rows))),
-                    rollout_fn=self.rollout_fn,
-                    sampling=sampling,
-                )
-        finally:
-            close_all(envs)
+        # the settings go to this run only: training rollouts in flight keep theirs
+        trajectories = self.sampler.evaluate(rows, temperature)
         if samples_file and self.accelerator.is_main_process:
             save_jsonl(trajectories, self._path(samples_file))
         return summarize(trajectories, self.args.success_threshold)
@@ -746,19 +686,6 @@ class GRPOTrainer:
 
             return VLLMServerEngine(args.vllm_server_url, weights_dir=str(folder))
         raise ValueError(f"unknown engine {args.engine!r}")
-
-
-@dataclass
-class Rollouts:
-    """One step's played and scored episodes (this process's share), before the update."""
-
-    trajectories: list[Trajectory]
-    sources: dict[str, list[float]]
-    share: list[int]
-    policy_version: int
-    """The step whose weights the engine sampled from (later turns may use newer ones)."""
-    started: float
-    seconds: float
 
 
 def _groups_without_signal(rewards: list[float], used: torch.Tensor, size: int) -> int:

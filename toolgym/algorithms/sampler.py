@@ -1,0 +1,167 @@
+"""The sampler: the part of training that plays and scores episodes.
+
+It needs nothing of the learner (no model, optimizer or loss): an agent (engine, tokenizer,
+parser, limits), what makes one rollout's environment, the rows, and how episodes are
+scored. Each step's rows are drawn from a seeded shuffle (a resumed run draws the same), every
+row is played `num_generations` times from one reset seed (a GRPO group), and this process
+plays its share. Sampling settings go with each run, so an evaluation never changes what
+training rollouts in flight sample with. `GRPOTrainer` orchestrates a sampler and the learner;
+the cluster work places samplers beside the environments and engines.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from toolgym.agents.custom import RolloutFn
+from toolgym.agents.engines.base import SamplingParams
+from toolgym.agents.rollout import Agent
+from toolgym.agents.trajectory import Trajectory
+from toolgym.algorithms.config import GRPOConfig
+from toolgym.algorithms.rewards import RewardFunc, compute_rewards, step_reward_total
+from toolgym.algorithms.stages import StageClock
+from toolgym.envs.calls import close_all
+
+Row = dict[str, Any]
+
+
+@dataclass
+class Rollouts:
+    """One step's played and scored episodes (this process's share), before the update."""
+
+    trajectories: list[Trajectory]
+    sources: dict[str, list[float]]
+    share: list[int]
+    policy_version: int
+    """The step whose weights the engine sampled from (later turns may use newer ones)."""
+    started: float
+    seconds: float
+
+
+class Sampler:
+    """Plays and scores a training step's episodes, or an evaluation's.
+
+    Args:
+        agent: Plays the episodes (its engine samples with the policy's current weights).
+        make_env: Makes (or leases) one rollout's environment; closed after the episode.
+        train_rows: The dataset rows training draws from.
+        args: The run's configuration (rows per step, group size, seed, scoring).
+        reward_funcs: Extra reward functions (see `toolgym.algorithms.rewards`).
+        rollout_fn: Plays each episode instead of the built-in protocols.
+        process: (this process's index, the number of processes) sharing each step.
+        stages: Times the rollouts and evaluations.
+    """
+
+    def __init__(
+        self,
+        agent: Agent,
+        make_env: Callable[[], Any],
+        train_rows: Sequence[Row],
+        args: GRPOConfig,
+        reward_funcs: Sequence[RewardFunc] = (),
+        rollout_fn: RolloutFn | None = None,
+        process: tuple[int, int] = (0, 1),
+        stages: StageClock | None = None,
+    ) -> None:
+        if not train_rows:
+            raise ValueError("train_dataset is empty")
+        self.agent, self.make_env, self.args = agent, make_env, args
+        self.train_rows = list(train_rows)
+        self.reward_funcs = list(reward_funcs)
+        self.rollout_fn = rollout_fn
+        self.process_index, self.num_processes = process
+        self.stages = stages or StageClock()
+        self._order: tuple[int, list[int]] = (-1, [])
+
+    def play(self, step: int, policy_version: int) -> Rollouts:
+        """Play and score step `step`'s episodes (this process's share) with the engine's
+        current weights (those of update `policy_version`)."""
+        started = time.perf_counter()
+        rows, seeds = self.step_rows(step)
+        share = self.share(len(rows))
+        mine = [rows[i] for i in share]
+        envs: list[Any] = []
+        try:  # the environments (sandboxes, containers) close on every path
+            envs.extend(self.make_env() for _ in share)
+            with self.stages.stage("rollouts"):
+                trajectories = self.agent.run(
+                    envs, mine, [seeds[i] for i in share], rollout_fn=self.rollout_fn
+                )
+            seconds = time.perf_counter() - started
+            sources = self._score(trajectories, mine, envs)
+        finally:
+            close_all(envs)
+        return Rollouts(trajectories, sources, share, policy_version, started, seconds)
+
+    def evaluate(self, rows: Sequence[Row], temperature: float = 0.0) -> list[Trajectory]:
+        """Play each row once, reset with seed = its index, sampling at `temperature` (greedy
+        by default) for these episodes only."""
+        sampling = SamplingParams(temperature=temperature, top_p=1.0)
+        envs: list[Any] = []
+        try:
+            envs.extend(self.make_env() for _ in rows)
+            with self.stages.stage("evaluation"):
+                return self.agent.run(
+                    envs,
+                    [dict(r) for r in rows],
+                    list(range(len(rows))),
+                    rollout_fn=self.rollout_fn,
+                    sampling=sampling,
+                )
+        finally:
+            close_all(envs)
+
+    def step_rows(self, step: int) -> tuple[list[Row], list[int]]:
+        """Step `step`'s rows, each repeated `num_generations` times, and one seed per group."""
+        count, group = self.args.prompts_per_step, self.args.num_generations
+        rows, seeds = [], []
+        for slot in range(count):
+            index = step * count + slot
+            epoch, position = divmod(index, len(self.train_rows))
+            order = self._epoch_order(epoch)
+            seed = (self.args.seed * 1_000_003 + index) % 2**31
+            for _ in range(group):
+                rows.append(dict(self.train_rows[order[position]]))
+                seeds.append(seed)
+        return rows, seeds
+
+    def share(self, total: int) -> list[int]:
+        """The indices of a step's `total` episodes that this process plays."""
+        processes, me = self.num_processes, self.process_index
+        if total % processes:
+            raise ValueError(f"{total} rollouts per step do not split over {processes} processes")
+        size = total // processes
+        return list(range(me * size, (me + 1) * size))
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        """The dataset's shuffled order in `epoch` (seeded, so a resumed run sees the same)."""
+        if self._order[0] != epoch:
+            order = list(range(len(self.train_rows)))
+            random.Random(self.args.seed * 7919 + epoch).shuffle(order)
+            self._order = (epoch, order)
+        return self._order[1]
+
+    def _score(
+        self, trajectories: list[Trajectory], rows: list[Row], envs: list[Any]
+    ) -> dict[str, list[float]]:
+        """Each trajectory's total reward and its sources (also returned, per source)."""
+        args = self.args
+        rewards, sources = compute_rewards(
+            trajectories, rows, envs, self.reward_funcs, args.reward_weights, args.env_reward
+        )
+        if any(t.step_rewards for t in trajectories):
+            sources["step_rewards"] = [step_reward_total(t) for t in trajectories]
+            if args.step_rewards == "return":
+                rewards = [r + s for r, s in zip(rewards, sources["step_rewards"], strict=True)]
+        for index, (trajectory, reward) in enumerate(zip(trajectories, rewards, strict=True)):
+            trajectory.reward = reward
+            trajectory.reward_sources = {
+                name: None if math.isnan(values[index]) else values[index]
+                for name, values in sources.items()
+            }
+        return sources

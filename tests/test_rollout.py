@@ -482,3 +482,24 @@ def test_concurrent_runs_keep_their_own_sampling(tokenizer):
     asyncio.run(both())
     assert seen == {"train": {0.7}, "eval": {0.0}}
     assert agent.sampling.temperature == 0.7
+
+
+def test_engines_declare_what_they_can_do():
+    """The scheduler and the trainer read `capabilities` (issue 25 item 6), not engine
+    classes; an engine of a user's that declares none is judged by its methods."""
+    from concurrent.futures import Future
+
+    from toolgym.agents import HFEngine, VLLMEngine, VLLMServerEngine
+    from toolgym.agents.engines import EngineCapabilities, capabilities
+
+    assert capabilities(ScriptedEngine([[1]])) == EngineCapabilities()
+    assert HFEngine.capabilities == EngineCapabilities(own_weights=False, update_with="model")
+    assert VLLMEngine.capabilities.per_request and VLLMServerEngine.capabilities.per_request
+
+    class Submits(ScriptedEngine):
+        def submit(self, request):
+            future = Future()
+            future.set_result(self.generate([request])[0])
+            return future
+
+    assert capabilities(Submits([[1]])).per_request

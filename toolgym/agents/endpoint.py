@@ -33,11 +33,18 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from toolgym.agents.chat import ChatRenderer, TemplateError
 from toolgym.agents.endpoint_app import EndpointError, build_app
-from toolgym.agents.engines.base import Completion, Engine, GenerationRequest, SamplingParams
+from toolgym.agents.engines.base import (
+    Completion,
+    Engine,
+    GenerationRequest,
+    PerRequestEngine,
+    SamplingParams,
+    capabilities,
+)
 from toolgym.agents.limits import AgentLimits
 from toolgym.agents.parsers import ParsedMessage, Parser, get_parser, type_arguments
 from toolgym.agents.trajectory import Sample, Status, Trajectory
@@ -273,10 +280,10 @@ class Endpoint:
         raise EndpointError(400, why, status)
 
     async def _generate(self, request: GenerationRequest) -> Completion:
-        submit = getattr(self.engine, "submit", None)
         try:
-            if callable(submit):
-                return await asyncio.wrap_future(submit(request))
+            if capabilities(self.engine).per_request:
+                engine = cast(PerRequestEngine, self.engine)
+                return await asyncio.wrap_future(engine.submit(request))
             return await asyncio.to_thread(self._generate_one, request)
         except Exception as error:
             message = f"the engine failed: {error}"

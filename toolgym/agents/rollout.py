@@ -20,7 +20,14 @@ from typing import Any, Literal, TypeVar, cast
 
 from toolgym.agents.chat import ChatRenderer
 from toolgym.agents.custom import EpisodeEnd, RolloutContext, RolloutFn
-from toolgym.agents.engines.base import Completion, Engine, GenerationRequest, SamplingParams
+from toolgym.agents.engines.base import (
+    Completion,
+    Engine,
+    GenerationRequest,
+    PerRequestEngine,
+    SamplingParams,
+    capabilities,
+)
 from toolgym.agents.limits import AgentLimits
 from toolgym.agents.parsers import Parser, get_parser
 from toolgym.agents.protocols import chat_rollout, inline_rollout
@@ -92,6 +99,9 @@ class RequestBatcher:
         while self._pending:
             await self._gather_window()
             batch, self._pending = self._pending, []
+            # a canonical order (threads finish resets and tools in any order): with a long
+            # `max_wait` the same requests make the same batch, and so the same samples
+            batch.sort(key=lambda item: (item[0].prompt_ids, item[0].sampling.max_tokens))
             try:
                 requests = [r for r, _ in batch]
                 completions = await asyncio.get_running_loop().run_in_executor(
@@ -116,7 +126,7 @@ class PerRequest:
     request goes to the engine the moment it is ready, and the episode resumes the moment its
     own completion is done (vLLM in-process or a server batch them continuously)."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: PerRequestEngine) -> None:
         self.engine = engine
 
     def episode_started(self) -> None:
@@ -127,7 +137,7 @@ class PerRequest:
 
     async def generate(self, request: GenerationRequest) -> Completion:
         """The completion of `request`."""
-        return await asyncio.wrap_future(self.engine.submit(request))  # type: ignore[attr-defined]
+        return await asyncio.wrap_future(self.engine.submit(request))
 
 
 @dataclass
@@ -219,13 +229,11 @@ class Agent:
         return run_coroutine(with_tool_threads())
 
     def _scheduler(self) -> PerRequest | RequestBatcher:
-        continuous = self.scheduler == "continuous" or (
-            self.scheduler == "auto" and callable(getattr(self.engine, "submit", None))
-        )
-        if continuous:
-            if not callable(getattr(self.engine, "submit", None)):
+        per_request = capabilities(self.engine).per_request
+        if self.scheduler == "continuous" or (self.scheduler == "auto" and per_request):
+            if not per_request:
                 raise ValueError(f"{type(self.engine).__name__} has no submit(): use 'batch'")
-            return PerRequest(self.engine)
+            return PerRequest(cast(PerRequestEngine, self.engine))
         return RequestBatcher(self.engine, self.batch_wait, self._engine_thread)
 
     async def arun(

@@ -30,7 +30,7 @@ from transformers import get_scheduler
 
 import toolgym
 from toolgym.agents.custom import RolloutFn
-from toolgym.agents.engines.base import SamplingParams
+from toolgym.agents.engines.base import SamplingParams, capabilities
 from toolgym.agents.engines.hf import HFEngine
 from toolgym.agents.engines.logs import engine_logs_to_file, engine_logs_to_terminal
 from toolgym.agents.rollout import Agent
@@ -153,7 +153,7 @@ class GRPOTrainer:
 
     def _check_pipelining(self) -> None:
         """Refuse `max_staleness` with an engine that shares the policy's weights."""
-        if self.args.max_staleness and isinstance(self.engine, HFEngine):
+        if self.args.max_staleness and not capabilities(self.engine).own_weights:
             raise ValueError(
                 "max_staleness > 0 plays rollouts while the update runs, which needs an engine "
                 "with its own copy of the weights: engine='vllm' or 'vllm-server'"
@@ -657,7 +657,7 @@ class GRPOTrainer:
     def _sync_engine(self) -> None:
         """Give the engine the policy's current weights (transformers samples from the model
         itself; vLLM gets them with any LoRA adapters merged)."""
-        if isinstance(self.engine, HFEngine):
+        if capabilities(self.engine).update_with == "model":
             self.engine.update_weights(self._unwrapped)
         else:
             self.engine.update_weights(policy_state_dict(self._unwrapped))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -65,9 +66,35 @@ def first_stop_string_end(
     return low
 
 
+@dataclass(frozen=True)
+class EngineCapabilities:
+    """What an engine can do, declared by the engine (the scheduler and the trainer read it
+    instead of checking engine classes)."""
+
+    per_request: bool = False
+    """`submit(request) -> Future[Completion]`: each request runs as it comes (continuous
+    batching); otherwise requests go in batches to `generate`."""
+    own_weights: bool = True
+    """Samples from a copy of the weights of its own, so rollouts may run while the learner
+    updates the policy (`GRPOConfig.max_staleness`); False for an engine over the policy
+    model itself."""
+    update_with: Literal["state_dict", "model"] = "state_dict"
+    """What `update_weights` takes: the policy's state dict (LoRA merged), or the model."""
+
+
+def capabilities(engine: Any) -> EngineCapabilities:
+    """`engine.capabilities`, or, for an engine that declares none, what its methods show
+    (a `submit` method: per request)."""
+    declared = getattr(engine, "capabilities", None)
+    if isinstance(declared, EngineCapabilities):
+        return declared
+    return EngineCapabilities(per_request=callable(getattr(engine, "submit", None)))
+
+
 @runtime_checkable
 class Engine(Protocol):
-    """What the rollout scheduler needs from a generation backend."""
+    """What the rollout scheduler needs from a generation backend (and `capabilities`, an
+    `EngineCapabilities`, where it differs from the defaults)."""
 
     context_length: int
 
@@ -81,4 +108,13 @@ class Engine(Protocol):
 
     def close(self) -> None:
         """Release the engine's memory and threads."""
+        ...
+
+
+class PerRequestEngine(Engine, Protocol):
+    """An engine with `capabilities.per_request`: one request at a time, each resumed as soon
+    as it is done."""
+
+    def submit(self, request: GenerationRequest) -> Future[Completion]:
+        """Start generating `request`; its completion, when done."""
         ...

@@ -8,7 +8,12 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
-from toolgym.agents.engines.base import Completion, GenerationRequest, first_stop_string_end
+from toolgym.agents.engines.base import (
+    Completion,
+    EngineCapabilities,
+    GenerationRequest,
+    first_stop_string_end,
+)
 
 _SAMPLING_KEYS = ("temperature", "top_p")
 
@@ -23,6 +28,9 @@ class HFEngine:
         tokenizer: Its tokenizer (for the pad id).
         context_length: Longest prompt + completion; defaults to the model's positions.
     """
+
+    capabilities = EngineCapabilities(own_weights=False, update_with="model")
+    """Samples from the policy model itself: batches only, no rollouts during an update."""
 
     def __init__(self, model: Any, tokenizer: Any, context_length: int | None = None) -> None:
         self.model, self.tokenizer = model, tokenizer

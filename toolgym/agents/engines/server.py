@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from toolgym.agents.engines.base import Completion, GenerationRequest
+from toolgym.agents.engines.base import Completion, EngineCapabilities, GenerationRequest
 
 
 class ServerError(RuntimeError):
@@ -39,6 +39,9 @@ class VLLMServerEngine:
         timeout: Seconds to wait for one HTTP request.
         max_parallel: Requests in flight at once.
     """
+
+    capabilities = EngineCapabilities(per_request=True)
+    """The server batches continuously (`submit`) and holds its own weights."""
 
     def __init__(
         self,

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Any
 
-from toolgym.agents.engines.base import Completion, GenerationRequest
+from toolgym.agents.engines.base import Completion, EngineCapabilities, GenerationRequest
 from toolgym.agents.models import resolve_model
 
 _CPU_ENVIRONMENT = {
@@ -88,6 +88,9 @@ class VLLMEngine:
             (earlier turns of an episode) is evicted and recomputed.
         **llm_kwargs: Anything else `vllm.LLM` accepts (e.g. `gpu_memory_utilization`).
     """
+
+    capabilities = EngineCapabilities(per_request=True)
+    """Continuous batching (`submit`), its own copy of the weights."""
 
     def __init__(
         self,

@@ -224,3 +224,64 @@ def test_toolgym_endpoint_serves_a_model_folder(tmp_path, tokenizer):
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+async def openai_program(base_url, api_key, row, env):
+    """An agent program as people write them: the openai client's async tool loop."""
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=60)
+    messages = list(row["prompt"])
+    for _ in range(6):
+        reply = await client.chat.completions.create(
+            model="toolgym", messages=messages, tools=env.tools
+        )
+        message = reply.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls:
+            break
+        calls = [
+            toolgym.ToolCall(c.function.name, json.loads(c.function.arguments), c.id)
+            for c in message.tool_calls
+        ]
+        step = await env.astep(calls)
+        for call, result in zip(message.tool_calls, step.messages, strict=True):
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": result["content"]})
+        if step.terminated:
+            break
+    return None  # the environment scores it
+
+
+def test_a_program_is_a_rollout_function_recorded_exactly(tokenizer):
+    from toolgym.agents.program import program_rollout
+
+    replies = [GUESS.format(word=w) for w in WORDS]
+    (row,) = wordle_rows(1)
+    (reference,) = scripted_agent(tokenizer, replies).run([toolgym.make("Wordle-v0")], [row], [0])
+    agent = scripted_agent(tokenizer, replies)
+    (played,) = agent.run(
+        [toolgym.make("Wordle-v0")], [row], [0], rollout_fn=program_rollout(openai_program)
+    )
+    assert played.status == "finished" and played.reward == reference.reward > 0
+    assert played.metrics["turns"] == 3
+    assert played.prompt_ids == reference.prompt_ids
+    assert played.completion_ids == reference.completion_ids
+    assert played.loss_mask == reference.loss_mask
+
+
+def test_a_program_that_fails_or_passes_the_limits_ends_with_a_named_status(tokenizer):
+    from toolgym.agents.program import program_rollout
+
+    async def crashes(base_url, api_key, row, env):
+        raise RuntimeError("the agent's own bug")
+
+    agent = scripted_agent(tokenizer, ["again<|im_end|>"], max_turns=1)
+    wordle = toolgym.make("Wordle-v0")
+    (crashed,) = agent.run([wordle], wordle_rows(1), rollout_fn=program_rollout(crashes))
+    assert crashed.status == "env_error" and "the agent's own bug" in crashed.error
+
+    async def chats_forever(base_url, api_key, row, env):
+        client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+        while True:
+            await client.chat.completions.create(model="m", messages=row["prompt"])
+
+    (limited,) = agent.run([wordle], wordle_rows(1), rollout_fn=program_rollout(chats_forever))
+    assert limited.status == "max_turns" and limited.metrics["turns"] == 1

@@ -99,6 +99,32 @@ class RolloutContext:
         return self._episode.limits
 
     @property
+    def agent(self) -> Any:
+        """The `Agent` playing the episode (its engine, tokenizer, parser, template)."""
+        return self._episode.agent
+
+    @property
+    def row(self) -> dict[str, Any]:
+        """The dataset row the environment was reset with (without its prompt)."""
+        return dict(self._episode.row)
+
+    @property
+    def reward(self) -> float | None:
+        """A score for the episode the rollout function gives itself (set it); None: the
+        environment's `get_reward()` scores it."""
+        return self._episode.reward
+
+    @reward.setter
+    def reward(self, value: float | None) -> None:
+        self._episode.reward = None if value is None else float(value)
+
+    def adopt(self, trajectory: Trajectory, turns: int) -> None:
+        """Take a trajectory made elsewhere (an endpoint's recording) as the episode's, with
+        the generations it took (what `max_turns` counts); failures end it."""
+        self.trajectory = trajectory
+        self._episode.metrics["turns"] = float(turns)
+
+    @property
     def turns(self) -> int:
         """Generations so far (what `max_turns` counts)."""
         return int(self._episode.metrics["turns"])

@@ -351,7 +351,9 @@ class Endpoint:
             build_app(self), host=self.host, port=self.port, log_level="warning", lifespan="off"
         )
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name="toolgym-endpoint")
+        self._thread = threading.Thread(  # daemon: an endpoint nobody closed never holds exit
+            target=self._server.run, name="toolgym-endpoint", daemon=True
+        )
         self._thread.start()
         deadline = time.monotonic() + 30
         while not self._server.started:

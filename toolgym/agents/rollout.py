@@ -287,6 +287,9 @@ class Episode:
         self.sampling = sampling or agent.sampling  # read once: never swapped under the episode
         self.on_message: Callable[[dict[str, Any]], None] = lambda message: None
         """Told of each message as it joins the conversation (`Agent.run`'s `on_message`)."""
+        self.reward: float | None = None
+        """A score the rollout function gave the episode itself (`RolloutContext.reward`);
+        None: the environment's `get_reward()`."""
         self.first_prompt_length: int | None = None
         """The first prompt's length (set by `RolloutContext.start`): the token budget counts
         every token after it."""
@@ -454,7 +457,8 @@ class Episode:
             read_metrics = None
         what = "get_reward"
         try:
-            value = await self._read(self.env.get_reward)
+            own = self.reward is not None  # the rollout function scored it
+            value = self.reward if own else await self._read(self.env.get_reward)
             reward = None if value is None else float(value)  # None: no reward (TRL, OpenEnv)
             if reward is not None and not math.isfinite(reward):  # a NaN poisons its group
                 raise ValueError(f"the reward is {reward}, not a finite number")

@@ -129,17 +129,7 @@ class GRPOTrainer:
         with self.stages.stage("engine start"):
             self.engine = engine or self._make_engine()
         self.agent = self._make_agent()
-        self.sampler = Sampler(
-            self.agent,
-            self._make_env,
-            self.train_rows,
-            args,
-            self.reward_funcs,
-            rollout_fn,
-            (self.accelerator.process_index, self.accelerator.num_processes),
-            self.stages,
-        )
-        """Plays and scores episodes; needs nothing of the learner (model, optimizer, loss)."""
+        self.sampler = self._make_sampler(rollout_fn)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.step = 0
         self._engine_version = 0  # the step whose weights the engine samples from
@@ -150,6 +140,20 @@ class GRPOTrainer:
         self.warmup_cached_from: Path | None = None  # the entry the last warmup() loaded
         self.log = MetricsLog(self.output_dir, args.report_to, args.to_dict())
         self._check_pipelining()
+
+    def _make_sampler(self, rollout_fn: RolloutFn | None) -> Sampler:
+        """The part that plays and scores episodes; it needs nothing of the learner (model,
+        optimizer, loss)."""
+        return Sampler(
+            self.agent,
+            self._make_env,
+            self.train_rows,
+            self.args,
+            self.reward_funcs,
+            rollout_fn,
+            (self.accelerator.process_index, self.accelerator.num_processes),
+            self.stages,
+        )
 
     def _check_pipelining(self) -> None:
         """Refuse `max_staleness` with an engine that shares the policy's weights."""

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+import toolgym
+
 PACKAGE = Path(__file__).resolve().parent.parent / "toolgym"
 LAYERS = [
     "_exports",  # the lazy-export helper every package surface uses (standard library only)
@@ -226,3 +228,22 @@ def test_the_protocol_s_names_are_environment_s_public_names():
     assert {name for name in dir(Environment) if not name.startswith("_")} == RESERVED_NAMES
     for executor in (LocalExecutor, RemoteExecutor):  # the worker serves each hook by them
         assert all(callable(getattr(executor, method, None)) for method in INVOKABLE.values())
+
+
+def test_what_as_environment_returns_is_steppable():
+    """The named protocol (`toolgym.Steppable`) covers what the agent loop plays: an
+    `Environment`, a Stepper over a plain class, and a sandboxed instance (mypy checks the
+    Environment statically; this checks the members at run time)."""
+    from toolgym.envs.stepping import Steppable
+
+    members = [name for name in vars(Steppable) if not name.startswith("_") and name != "tools"] + [
+        "tools"
+    ]
+
+    class Plain:
+        def reset(self, **kwargs):
+            return None
+
+    for env in (toolgym.make("Wordle-v0"), toolgym.as_environment(Plain())):
+        steppable = toolgym.as_environment(env)
+        assert all(hasattr(steppable, name) for name in members), type(steppable)

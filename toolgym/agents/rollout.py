@@ -38,7 +38,7 @@ from toolgym.envs.calls import (
     run_coroutine,
 )
 from toolgym.envs.inline import InlineStep
-from toolgym.envs.stepping import Stepper, as_environment, failure_status
+from toolgym.envs.stepping import Steppable, Stepper, as_environment, failure_status
 from toolgym.envs.tools import valid_text
 
 Row = dict[str, Any]
@@ -283,7 +283,8 @@ class Episode:
         batcher: PerRequest | RequestBatcher,
         sampling: SamplingParams | None = None,
     ) -> None:
-        self.agent, self.env, self.batcher = agent, env, batcher
+        self.agent, self.batcher = agent, batcher
+        self.env: Steppable = env
         self.sampling = sampling or agent.sampling  # read once: never swapped under the episode
         self.on_message: Callable[[dict[str, Any]], None] = lambda message: None
         """Told of each message as it joins the conversation (`Agent.run`'s `on_message`)."""

@@ -13,7 +13,7 @@ import functools
 import inspect
 import random
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from toolgym.envs.calls import (
     AnyToolCall,
@@ -24,7 +24,7 @@ from toolgym.envs.calls import (
 )
 from toolgym.envs.inline import InlineStep
 from toolgym.envs.seeding import global_random_seeded, warn_if_unseedable
-from toolgym.envs.stepping import LocalExecutor, Stepper
+from toolgym.envs.stepping import LocalExecutor, Steppable, Stepper
 
 
 class Environment:
@@ -241,6 +241,10 @@ def _with_episode_start(reset: Callable[..., Any]) -> Callable[..., Any]:
     # What callers see (functools.wraps would show the override's): the seed and any column.
     reset_episode.__signature__ = _RESET_SIGNATURE  # type: ignore[attr-defined]
     return reset_episode
+
+
+if TYPE_CHECKING:  # an Environment is Steppable (checked by mypy, not at run time)
+    _ENVIRONMENT_IS_STEPPABLE: type[Steppable] = Environment
 
 
 def _resolved(value: Any) -> Any:

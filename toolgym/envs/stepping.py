@@ -48,6 +48,60 @@ from toolgym.envs.tools import (
 )
 
 
+class Steppable(Protocol):
+    """The environment protocol: what `as_environment` returns and the agent loop plays. An
+    `Environment` is one (it steps through its own `Stepper`), a `Stepper` over any executor
+    is one (plain classes, sandboxed instances), and so is any object that provides these.
+    The hooks an environment may also have (`inline_markers`, `truncated`) are read where
+    present (`toolgym.envs.protocol`)."""
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """The tools' JSON schemas in the OpenAI function-calling format."""
+        ...
+
+    @property
+    def done(self) -> bool:
+        """Whether the environment ended the episode."""
+        ...
+
+    def reset(self, seed: int | None = None, **row: Any) -> str | None:
+        """Start an episode from a dataset row (and a seed); the first observation."""
+        ...
+
+    def step(self, tool_calls: AnyToolCall | Iterable[AnyToolCall]) -> StepResult:
+        """Run one turn's tool calls and answer each with a tool message."""
+        ...
+
+    async def astep(self, tool_calls: AnyToolCall | Iterable[AnyToolCall]) -> StepResult:
+        """`step` without blocking the event loop."""
+        ...
+
+    def get_reward(self) -> float | None:
+        """The episode's reward (None: the environment gives none)."""
+        ...
+
+    def final_answer(self, text: str) -> None:
+        """Hand the model's last message (an answer without tool calls) to the environment."""
+        ...
+
+    async def ainline_step(self, text: str) -> InlineStep:
+        """The inline protocol's step on text the model wrote."""
+        ...
+
+    def demonstration(self) -> Demonstration | None:
+        """An expert's episode (for a warm-up), or None."""
+        ...
+
+    def episode_metrics(self) -> dict[str, float]:
+        """The episode's named figures besides its reward."""
+        ...
+
+    def close(self) -> None:
+        """Release what the environment holds."""
+        ...
+
+
 class Executor(Protocol):
     """Where an environment's state lives. Every method but `reset` may be called only after
     `reset`; calls reach `run` / `arun` already checked against `table`.
@@ -590,7 +644,7 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def as_environment(obj: Any) -> Any:
+def as_environment(obj: Any) -> Steppable:
     """What the agent and trainers step: a `Stepper` (or an `Environment`, which steps through
     its own) as it is; a list of plain tool functions as a stateless environment
     (`toolgym.envs.functions`); any other object with `reset` and public methods, in a

@@ -26,8 +26,20 @@ def tokenizer():
     return tiny_tokenizer()
 
 
+_OPEN: list = []  # clients to close after each test: an unclosed one warns when collected
+
+
+@pytest.fixture(autouse=True)
+def _close_clients():
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+
+
 def _client(endpoint: Endpoint, key: str):
-    return openai.OpenAI(base_url=endpoint.base_url, api_key=key, max_retries=0, timeout=30)
+    client = openai.OpenAI(base_url=endpoint.base_url, api_key=key, max_retries=0, timeout=30)
+    _OPEN.append(client)
+    return client
 
 
 def play_with_openai_client(client, env, messages: list[dict]) -> list[dict]:
@@ -213,6 +225,7 @@ def test_toolgym_endpoint_serves_a_model_folder(tmp_path, tokenizer):
         base_url = server.stdout.readline().strip()
         assert base_url.startswith("http://127.0.0.1:") and base_url.endswith("/v1"), base_url
         client = openai.OpenAI(base_url=base_url, api_key="any-key", max_retries=0, timeout=60)
+        _OPEN.append(client)
         answer = client.chat.completions.create(
             model="m", messages=[{"role": "user", "content": "hello"}], max_tokens=8
         )
@@ -224,29 +237,34 @@ def test_toolgym_endpoint_serves_a_model_folder(tmp_path, tokenizer):
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+        server.stdout.close()
 
 
 async def openai_program(base_url, api_key, row, env):
     """An agent program as people write them: the openai client's async tool loop."""
-    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=60)
-    messages = list(row["prompt"])
-    for _ in range(6):
-        reply = await client.chat.completions.create(
-            model="toolgym", messages=messages, tools=env.tools
-        )
-        message = reply.choices[0].message
-        messages.append(message.model_dump(exclude_none=True))
-        if not message.tool_calls:
-            break
-        calls = [
-            toolgym.ToolCall(c.function.name, json.loads(c.function.arguments), c.id)
-            for c in message.tool_calls
-        ]
-        step = await env.astep(calls)
-        for call, result in zip(message.tool_calls, step.messages, strict=True):
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": result["content"]})
-        if step.terminated:
-            break
+    async with openai.AsyncOpenAI(
+        base_url=base_url, api_key=api_key, max_retries=0, timeout=60
+    ) as client:
+        messages = list(row["prompt"])
+        for _ in range(6):
+            reply = await client.chat.completions.create(
+                model="toolgym", messages=messages, tools=env.tools
+            )
+            message = reply.choices[0].message
+            messages.append(message.model_dump(exclude_none=True))
+            if not message.tool_calls:
+                break
+            calls = [
+                toolgym.ToolCall(c.function.name, json.loads(c.function.arguments), c.id)
+                for c in message.tool_calls
+            ]
+            step = await env.astep(calls)
+            for call, result in zip(message.tool_calls, step.messages, strict=True):
+                messages.append(
+                    {"role": "tool", "tool_call_id": call.id, "content": result["content"]}
+                )
+            if step.terminated:
+                break
     return None  # the environment scores it
 
 
@@ -279,9 +297,9 @@ def test_a_program_that_fails_or_passes_the_limits_ends_with_a_named_status(toke
     assert crashed.status == "env_error" and "the agent's own bug" in crashed.error
 
     async def chats_forever(base_url, api_key, row, env):
-        client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-        while True:
-            await client.chat.completions.create(model="m", messages=row["prompt"])
+        async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+            while True:
+                await client.chat.completions.create(model="m", messages=row["prompt"])
 
     (limited,) = agent.run([wordle], wordle_rows(1), rollout_fn=program_rollout(chats_forever))
     assert limited.status == "max_turns" and limited.metrics["turns"] == 1

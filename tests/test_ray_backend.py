@@ -164,6 +164,21 @@ def _wait(condition, seconds: float, why: str) -> None:
         time.sleep(0.2)
 
 
+def kill_actor(actor, seconds: float = 30) -> None:
+    """Kill an actor and return once it is gone: `ray.kill` only asks, so a call sent at once
+    can still run on the old actor (this raced in CI)."""
+    ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=5)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError("the killed actor still answers")
+        time.sleep(0.1)
+
+
 def _connect(address: str, seconds: float = 90) -> None:
     deadline = time.monotonic() + seconds
     while True:
@@ -278,7 +293,7 @@ def test_a_killed_actor_ends_the_call_and_reset_starts_a_fresh_one(cluster, node
     try:
         env.reset(seed=0)
         assert "value: 42" in run(env, "6*7")
-        ray.kill(env.executor.channel.actor, no_restart=True)
+        kill_actor(env.executor.channel.actor)
         started = time.monotonic()
         status, why = ended(env, toolgym.ToolCall("run", {"code": "1"}))
         assert status == "env_error", why  # the infrastructure's, left out of the loss

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import test_ray_backend
 from helpers import ids
-from test_ray_backend import _descendants, _wait, run
+from test_ray_backend import _descendants, _wait, kill_actor, run
 
 import toolgym
 from toolgym.agents import Agent, AgentLimits, ScriptedEngine
@@ -276,7 +276,7 @@ def test_a_lost_shared_actor_fails_its_instances_and_the_pool_starts_a_new_one(c
         assert second.isolation.actor == lost  # one actor hosts both
         for env in (first, second):
             env.reset(seed=0, answer="crane")
-        ray.kill(first.executor.channel.actor, no_restart=True)
+        kill_actor(first.executor.channel.actor)
         for env in (first, second):
             result = env.step(toolgym.ToolCall("guess", {"word": "crane"}))
             assert result.info["ended"] == "env_error", result.info

@@ -142,7 +142,7 @@ def test_bad_requests_get_openai_errors_and_lose_nothing(tokenizer):
             client.chat.completions.create(
                 model="m",
                 messages=[{"role": "user", "content": "hi"}],
-                tool_choice="required",
+                tool_choice={"type": "function", "function": {"name": "no_such_tool"}},
             )
         url = f"{endpoint.base_url}/chat/completions"
         headers = {"Authorization": f"Bearer {key}"}

@@ -22,21 +22,24 @@ template that is not prefix-preserving) starts a new sample from the template's 
 the whole request, which is what the engine then really saw. Limits (`AgentLimits`: turns,
 tokens) are enforced per session: a request past them gets an OpenAI-style error, and the
 session's status says which (`max_turns`, `length`).
+
+The request checks and OpenAI's message shapes live in `endpoint_request.py`, the
+per-session record (and the joining rule) in `endpoint_session.py`, the HTTP routes in
+`endpoint_app.py`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import secrets
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, cast
 
-from toolgym.agents.chat import ChatRenderer, TemplateError
+from toolgym.agents.chat import ChatRenderer
 from toolgym.agents.endpoint_app import EndpointError, build_app
+from toolgym.agents.endpoint_request import checked, reply_message
+from toolgym.agents.endpoint_session import Session, Sessions
 from toolgym.agents.engines.base import (
     Completion,
     Engine,
@@ -47,32 +50,9 @@ from toolgym.agents.engines.base import (
 )
 from toolgym.agents.limits import AgentLimits
 from toolgym.agents.parsers import ParsedMessage, Parser, get_parser, type_arguments
-from toolgym.agents.trajectory import Sample, Status, Trajectory
-from toolgym.envs.calls import ToolCall
+from toolgym.agents.trajectory import Status, Trajectory
 
-
-@dataclass
-class Session:
-    """What one session (one episode of an agent program) produced, call by call."""
-
-    samples: list[Sample] = field(default_factory=list)
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    """The last request's conversation and the answer to it."""
-    status: Status = "finished"
-    error: str | None = None
-    calls: int = 0
-    joined: int = 0
-    """Calls whose prompt extended the previous call's sequence (no re-rendering)."""
-    tokens: int = 0
-    """Tokens counted against `max_episode_tokens` (sampled, and tool results joined)."""
-    last_request: list[dict[str, Any]] = field(default_factory=list)
-    last_reply: dict[str, Any] | None = None
-    last_token: int | None = None
-    tools_key: str = ""
-    calling: asyncio.Lock = field(default_factory=asyncio.Lock)
-    """One call at a time per session: its sequence is one history."""
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    """Guards the record while `trajectory` reads it from another thread."""
+__all__ = ["Endpoint", "EndpointError", "Session"]
 
 
 class Endpoint:
@@ -112,81 +92,45 @@ class Endpoint:
         self.renderer = ChatRenderer(tokenizer, chat_template, None, **kwargs)
         template = {"chat_template": chat_template} if chat_template else {}
         self.parse: Parser = get_parser(parser, tokenizer, **template, **kwargs)
-        self.sessions: dict[str, Session] = {}
-        self._sessions_lock = threading.Lock()
+        self._sessions = Sessions(open_sessions)
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self._generate_lock = threading.Lock()
 
     # -- sessions ------------------------------------------------------------------------------
+    @property
+    def sessions(self) -> dict[str, Session]:
+        """The open sessions by key."""
+        return self._sessions.by_key
+
     def open_session(self) -> str:
         """A new session's key (pass it as the API key)."""
-        key = "tg-" + secrets.token_hex(16)
-        with self._sessions_lock:
-            self.sessions[key] = Session()
-        return key
+        return self._sessions.open()
 
     def trajectory(self, key: str) -> Trajectory:
         """What the session recorded, as a `Trajectory`: one sample per sequence (calls that
         joined share one), masks 1 on sampled tokens, the engine's logprobs, the last
         conversation, and the status (`max_turns` / `length` where a limit refused a call)."""
-        session = self._session(key)
-        with session.lock:
-            samples = [
-                Sample(
-                    list(s.prompt_ids), list(s.completion_ids), list(s.loss_mask), list(s.logprobs)
-                )
-                for s in session.samples
-            ]
-            trajectory = Trajectory(
-                samples=samples or [Sample([])],
-                messages=list(session.messages),
-                status=session.status,
-                error=session.error,
-            )
-            trajectory.metrics = {
-                "turns": float(session.calls),
-                "joined_calls": float(session.joined),
-                "model_tokens": float(trajectory.model_tokens),
-                "tool_calls": 0.0,
-                "tool_failures": 0.0,
-            }
-            return trajectory
+        return self._sessions.get(key).trajectory()
 
     def close_session(self, key: str) -> Trajectory:
         """The session's trajectory; the key is refused from then on."""
-        trajectory = self.trajectory(key)
-        with self._sessions_lock:
-            self.sessions.pop(key, None)
-        return trajectory
-
-    def _session(self, key: str | None) -> Session:
-        with self._sessions_lock:
-            if key is not None and key in self.sessions:
-                return self.sessions[key]
-            if key and self.open_sessions:
-                return self.sessions.setdefault(key, Session())
-        raise EndpointError(
-            401,
-            "unknown session: pass a key from Endpoint.open_session() as the API key",
-            "unknown_session",
-            "authentication_error",
-        )
+        return self._sessions.close(key)
 
     # -- one chat completion ---------------------------------------------------------------
     async def complete(self, key: str | None, body: dict[str, Any]) -> dict[str, Any]:
         """Answer one `/v1/chat/completions` body for session `key` (OpenAI's shape)."""
-        request = _checked(body)
-        session = self._session(key)
+        request = checked(body)
+        session = self._sessions.get(key)
         async with session.calling:
             prompt_ids, observation = self._prompt(session, request)
             sampling = self._sampling(session, request, prompt_ids, observation)
             completion = await self._generate(GenerationRequest(prompt_ids, sampling))
             text = self._decode(completion)
             parsed = await asyncio.to_thread(self._parsed, text, request)  # off the loop
-            reply = _reply_message(text, parsed)
+            reply = reply_message(text, parsed)
             with session.lock:
-                self._record(session, request, prompt_ids, observation, completion, reply)
+                session.record(request, prompt_ids, observation, completion, reply)
         finish = "length" if completion.finish_reason == "length" else "stop"
         if reply.get("tool_calls"):
             finish = "tool_calls"
@@ -208,7 +152,7 @@ class Endpoint:
         """(the prompt ids, the observation ids appended to the last sample when the call
         extends it; empty for a new sample)."""
         messages, tools = request["messages"], request["tools"]
-        joined = self._joined(session, messages, tools)
+        joined = session.continuation(self.renderer, messages, tools)
         if joined is not None:
             return joined
         try:
@@ -216,39 +160,6 @@ class Endpoint:
         except Exception as error:
             message = f"the chat template cannot render: {error}"
             raise EndpointError(400, message, "bad_messages") from error
-
-    def _joined(
-        self, session: Session, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
-    ) -> tuple[list[int], list[int]] | None:
-        """The prompt as the last sample's own ids plus the new tool results' ids, where the
-        request is the last conversation, the assistant turn answered, then tool results."""
-        before = len(session.last_request)
-        if (
-            session.last_reply is None
-            or self.renderer.per_turn
-            or json.dumps(tools, sort_keys=True) != session.tools_key
-            or len(messages) <= before + 1
-            or _normal(messages[:before]) != _normal(session.last_request)
-            or _normal([messages[before]]) != _normal([session.last_reply])
-            or any(m.get("role") != "tool" for m in messages[before + 1 :])
-        ):
-            return None
-        renderer = self.renderer
-        after_call_end = session.last_token == renderer.call_end_id
-        try:
-            suffix = renderer.tool_suffix_ids(messages[before + 1 :], tools, after_call_end)
-        except TemplateError:
-            return None
-        closing = (
-            []
-            if session.last_token in (renderer.end_of_turn_id, renderer.call_end_id)
-            else [
-                renderer.end_of_turn_id  # the model stopped on end-of-text
-            ]
-        )
-        sample = session.samples[-1]
-        observation = closing + suffix
-        return sample.prompt_ids + sample.completion_ids + observation, observation
 
     def _sampling(
         self,
@@ -307,34 +218,6 @@ class Endpoint:
         except Exception:  # a user's parser that raises: the text as it is
             return ParsedMessage(text.strip())
 
-    def _record(
-        self,
-        session: Session,
-        request: dict[str, Any],
-        prompt_ids: list[int],
-        observation: list[int],
-        completion: Completion,
-        reply: dict[str, Any],
-    ) -> None:
-        if observation:
-            sample = session.samples[-1]
-            sample.append(observation, sampled=False)
-            session.joined += 1
-            session.tokens += len(observation)
-        else:
-            sample = Sample(list(prompt_ids))
-            session.samples.append(sample)
-        sample.append(list(completion.token_ids), True, list(completion.logprobs))
-        session.calls += 1
-        session.tokens += len(completion.token_ids)
-        session.last_request = list(request["messages"])
-        session.last_reply = _for_template(reply)  # as the program will send it back
-        session.last_token = completion.token_ids[-1] if completion.token_ids else None
-        session.tools_key = json.dumps(request["tools"], sort_keys=True)
-        session.messages = [*request["messages"], reply]
-        if completion.finish_reason == "length":
-            session.status = "length"
-
     # -- the server ----------------------------------------------------------------------------
     @property
     def base_url(self) -> str:
@@ -384,128 +267,3 @@ class Endpoint:
 
     async def __aexit__(self, *exc: object) -> None:
         await asyncio.to_thread(self.close)
-
-
-def _checked(body: Any) -> dict[str, Any]:
-    """The request's fields, checked: a named 400 for anything this endpoint cannot honour."""
-    if not isinstance(body, dict):
-        raise EndpointError(400, "the body must be a JSON object", "invalid_body")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise EndpointError(400, "'messages' must be a non-empty list", "invalid_messages")
-    for message in messages:
-        if not isinstance(message, dict) or message.get("role") not in (
-            "system",
-            "developer",
-            "user",
-            "assistant",
-            "tool",
-        ):
-            raise EndpointError(
-                400, f"not a chat message: {str(message)[:200]}", "invalid_messages"
-            )
-    tools = body.get("tools") or []
-    if not isinstance(tools, list) or not all(
-        isinstance(t, dict) and isinstance(t.get("function"), dict) for t in tools
-    ):
-        raise EndpointError(400, "'tools' must be a list of function tools", "invalid_tools")
-    choice = body.get("tool_choice", "auto")
-    if choice not in ("auto", "none", None):
-        raise EndpointError(
-            400, f"tool_choice {choice!r} is not supported (auto or none)", "invalid_tool_choice"
-        )
-    if body.get("n", 1) != 1:
-        raise EndpointError(400, "only n=1 is supported", "invalid_n")
-    stop = body.get("stop") or []
-    stop = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-        raise EndpointError(400, "'stop' must be a string or a list of strings", "invalid_stop")
-    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-    try:
-        temperature = float(_given(body, "temperature", 1.0))
-        top_p = float(_given(body, "top_p", 1.0))
-        max_tokens = None if max_tokens is None else int(max_tokens)
-    except (TypeError, ValueError) as error:
-        message = f"a sampling setting is not a number: {error}"
-        raise EndpointError(400, message, "invalid_sampling") from None
-    if max_tokens is not None and max_tokens <= 0:
-        raise EndpointError(400, "max_tokens must be positive", "invalid_sampling")
-    return {
-        "messages": [_for_template(m) for m in messages],
-        "tools": tools,
-        "tool_choice": choice or "auto",
-        "stop": stop,
-        "max_tokens": max_tokens,
-        "temperature": temperature,
-        "top_p": top_p,
-        "stream": bool(body.get("stream")),
-    }
-
-
-def _given(body: dict[str, Any], name: str, default: Any) -> Any:
-    value = body.get(name)
-    return default if value is None else value
-
-
-def _for_template(message: dict[str, Any]) -> dict[str, Any]:
-    """A message as toolgym's templates read it: text content (OpenAI's content parts
-    joined), tool-call arguments as objects."""
-    message = dict(message)
-    content = message.get("content")
-    if isinstance(content, list):
-        message["content"] = "".join(
-            part.get("text", "") for part in content if isinstance(part, dict)
-        )
-    elif content is None:
-        message["content"] = ""
-    calls = []
-    for call in message.get("tool_calls") or []:
-        function = dict(call.get("function") or {})
-        arguments = function.get("arguments")
-        if isinstance(arguments, str):
-            with contextlib.suppress(json.JSONDecodeError):  # else kept as written
-                function["arguments"] = json.loads(arguments or "{}")
-        calls.append({**call, "function": function})
-    if calls:
-        message["tool_calls"] = calls
-    else:
-        message.pop("tool_calls", None)
-    return message
-
-
-def _normal(messages: list[dict[str, Any]]) -> list[Any]:
-    """What must match for a request to continue a session's sequence: roles, text, calls
-    (names and arguments), tool-call ids and names; not the keys clients add or drop."""
-    return [
-        (
-            m.get("role"),
-            (m.get("content") or "").strip(),
-            [
-                (c.get("id"), c["function"].get("name"), c["function"].get("arguments"))
-                for c in m.get("tool_calls") or []
-            ],
-            m.get("tool_call_id"),
-        )
-        for m in messages
-    ]
-
-
-def _reply_message(text: str, parsed: ParsedMessage) -> dict[str, Any]:
-    """The assistant message in OpenAI's shape (arguments as JSON text); a malformed call
-    leaves the text as content, so the program sees what the model wrote."""
-    calls = [c for c in parsed.tool_calls if isinstance(c, ToolCall)]
-    message: dict[str, Any] = {"role": "assistant", "content": parsed.content or None}
-    if parsed.failures or (parsed.tool_calls and not calls):
-        message["content"] = text
-    if calls:
-        message["tool_calls"] = [
-            {
-                "id": call.id or f"call_{secrets.token_hex(6)}",
-                "type": "function",
-                "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
-            }
-            for call in calls
-        ]
-    if parsed.reasoning:
-        message["reasoning_content"] = parsed.reasoning
-    return message

@@ -309,3 +309,71 @@ def test_grpo_trains_one_step_against_a_pypi_mcp_server(tmp_path, quiet):
     (metrics,) = trainer.train()
     assert metrics["statuses"].get("env_error", 0) == 0
     assert "loss" in metrics and metrics["reward"] == 0.0  # a random model never says 22:00
+
+
+# -- toolgym serve --protocol mcp, driven by the SDK's own client ------------------------------
+
+SERVE = [sys.executable, "-m", "toolgym", "serve", "Wordle-v0", "--protocol", "mcp"]
+
+
+def test_the_sdk_client_plays_wordle_over_stdio_against_toolgym_serve():
+    from mcp import Client, StdioServerParameters
+
+    async def play():
+        server = StdioServerParameters(command=SERVE[0], args=[*SERVE[1:], "--stdio"])
+        async with Client(server) as client:  # the SDK's default negotiation
+            names = [tool.name for tool in (await client.list_tools()).tools]
+            guess = await client.call_tool("guess", {"word": "crane"})  # resets by itself
+            await client.call_tool("reset", {"seed": 0, "answer": "slate"})
+            invalid = await client.call_tool("guess", {"word": "zzzzz"})
+            won = await client.call_tool("guess", {"word": "slate"})
+            reward = await client.call_tool("reward", {})
+            over = await client.call_tool("guess", {"word": "crane"})
+            return names, guess, invalid, won, reward, over
+
+    names, guess, invalid, won, reward, over = asyncio.run(play())
+    assert names == ["guess", "reset", "reward", "final_answer"]
+    assert guess.content[0].text.startswith("Guess 1/6") and not guess.is_error
+    assert invalid.is_error and "not in the word list" in invalid.content[0].text
+    assert "Correct!" in won.content[0].text
+    assert won.meta["toolgym/reward"] == 1.0 and won.meta["toolgym/done"] is True
+    assert reward.structured_content == {"reward": 1.0, "done": True, "turn": 2}  # a call, a turn
+    assert reward.content[0].text == "1.0"
+    assert over.is_error and "the episode is over" in over.content[0].text
+
+
+def test_toolgym_serve_over_http_keeps_an_instance_per_session():
+    from mcp import Client
+
+    process = subprocess.Popen([*SERVE, "--port", "0"], stdout=subprocess.PIPE, text=True)
+    try:
+        url = process.stdout.readline().strip()
+
+        async def play():
+            async with Client(url, mode="legacy") as first, Client(url, mode="legacy") as second:
+                await first.call_tool("reset", {"answer": "crane"})
+                await second.call_tool("reset", {"answer": "slate"})
+                won = await first.call_tool("guess", {"word": "crane"})
+                lost = await second.call_tool("guess", {"word": "crane"})
+            async with Client(url) as sessionless:  # 2026-07-28 over HTTP: no session
+                refused = await sessionless.call_tool("guess", {"word": "crane"})
+            return won, lost, refused
+
+        won, lost, refused = asyncio.run(play())
+        assert won.meta["toolgym/done"] is True and lost.meta["toolgym/done"] is False
+        assert refused.is_error and "mode='legacy'" in refused.content[0].text
+    finally:
+        process.terminate()
+        assert process.wait(30) == 0  # SIGTERM: the instances are closed, the server stops
+        process.stdout.close()
+
+
+def test_a_served_environment_is_an_environment_again_through_toolgym_mcp():
+    env = toolgym.mcp([*SERVE, "--stdio"], reset_tool="reset", reward_tool="reward")
+    toolgym.register("test/McpWordle-v0", env)
+    with toolgym.make("test/McpWordle-v0") as wordle:
+        assert [tool["function"]["name"] for tool in wordle.tools] == ["guess", "final_answer"]
+        assert wordle.reset(seed=0, answer="crane") is None  # Wordle shows nothing at reset
+        result = wordle.step([call("guess", word="slate"), call("guess", word="crane")])
+        assert "Correct!" in contents(result)[1]
+        assert wordle.get_reward() == 1.0

@@ -9,6 +9,8 @@ toolgym train Wordle-v0 --model smollm2-135m [--config run.yaml] [--max-steps 30
 toolgym view runs/grpo [--port 8765] [--open]        the run viewer (a run folder or a JSONL)
 toolgym endpoint --model smollm2-135m [--port 8000]  an OpenAI-compatible endpoint that
                                                      records exact tokens per session
+toolgym serve Wordle-v0 --protocol mcp [--stdio]     an environment as an MCP server, one
+                                                     instance per client session
 
 ENV is a registered id (Wordle-v0), path/to/file.py:Class or module:attr (an environment
 class or a factory); `toolgym COMMAND --help` for each command's options.
@@ -22,6 +24,7 @@ import sys
 from toolgym.cli.endpoint import add_endpoint_command
 from toolgym.cli.episodes import add_episode_commands
 from toolgym.cli.errors import CLIError
+from toolgym.cli.serve import add_serve_command
 from toolgym.cli.train import add_train_command
 
 __all__ = ["CLIError", "build_parser", "main"]
@@ -37,6 +40,7 @@ def build_parser(train_flags: bool = True) -> argparse.ArgumentParser:
     add_episode_commands(commands)
     add_train_command(commands, with_config_flags=train_flags)
     add_endpoint_command(commands)
+    add_serve_command(commands)
     return parser
 
 

@@ -210,7 +210,7 @@ class MCPEnvironment:
         result = self.session.call(name, self._columns(name, row), self.spec.timeout)
         if result.is_error:
             raise RuntimeError(f"the reset tool {name!r} failed: {result_text(result)}")
-        return result_text(result)
+        return result_text(result) or None
 
     def tool_table(self) -> dict[str, Tool]:
         """The server's tools the model sees, listed once per factory (the first session)."""

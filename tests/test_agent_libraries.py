@@ -481,3 +481,47 @@ def test_64_concurrent_agents_sdk_sessions_each_record_their_own_game(tokenizer,
         assert trajectory.metrics["turns"] == text.count("<tool_response>") + 1
         if answers[i % 4] in WORDS:
             assert final == "Done." and env.reward > 0
+
+
+def test_requests_that_set_no_temperature_sample_at_the_run_s_own(tokenizer, sdk):
+    """The SDK sends no temperature unless told: a program's episode then samples at the
+    run's setting (greedy in a greedy evaluation), and a temperature the program sets wins."""
+    from toolgym.agents import Agent, SamplingParams
+
+    class Tapped(ScriptedEngine):
+        """A scripted engine that keeps each request's sampling settings."""
+
+        def __init__(self, replies):
+            super().__init__(replies)
+            self.settings: list[tuple[float, float]] = []
+
+        def generate(self, requests):
+            self.settings += [(r.sampling.temperature, r.sampling.top_p) for r in requests]
+            return super().generate(requests)
+
+    def program(settings):
+        async def play(base_url, api_key, row, env):
+            async with openai.AsyncOpenAI(
+                base_url=base_url, api_key=api_key, max_retries=0
+            ) as client:
+                agent = sdk.Agent(
+                    name="wordle",
+                    tools=sdk_tools(sdk, env),
+                    model=sdk.OpenAIChatCompletionsModel(model="toolgym", openai_client=client),
+                    model_settings=sdk.ModelSettings(**settings),
+                )
+                config = sdk.RunConfig(tracing_disabled=True)
+                await sdk.Runner.run(agent, row["prompt"], max_turns=2, run_config=config)
+
+        return program_rollout(play)
+
+    engine = Tapped([ids(tokenizer, "Hello.<|im_end|>")])
+    agent = Agent(engine, tokenizer, parser="hermes")
+    greedy = SamplingParams(temperature=0.0, top_p=1.0)
+    rows = wordle_rows(1)
+    agent.run([toolgym.make("Wordle-v0")], rows, rollout_fn=program({}), sampling=greedy)
+    agent.run([toolgym.make("Wordle-v0")], rows, rollout_fn=program({}))
+    chosen = program({"temperature": 0.7, "top_p": 0.9})
+    agent.run([toolgym.make("Wordle-v0")], rows, rollout_fn=chosen, sampling=greedy)
+    default = (agent.sampling.temperature, agent.sampling.top_p)
+    assert engine.settings == [(0.0, 1.0), default, (0.7, 0.9)]

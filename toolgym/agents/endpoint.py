@@ -103,9 +103,11 @@ class Endpoint:
         """The open sessions by key."""
         return self._sessions.by_key
 
-    def open_session(self) -> str:
-        """A new session's key (pass it as the API key)."""
-        return self._sessions.open()
+    def open_session(self, temperature: float = 1.0, top_p: float = 1.0) -> str:
+        """A new session's key (pass it as the API key); a request that sets no temperature or
+        top-p samples at these (`program_rollout` passes the episode's: greedy in a greedy
+        evaluation)."""
+        return self._sessions.open(temperature, top_p)
 
     def trajectory(self, key: str) -> Trajectory:
         """What the session recorded, as a `Trajectory`: one sample per sequence (calls that
@@ -180,8 +182,8 @@ class Endpoint:
         asked = request["max_tokens"] or limits.max_new_tokens
         return SamplingParams(
             max_tokens=min(asked, limits.max_new_tokens, room),
-            temperature=request["temperature"],
-            top_p=request["top_p"],
+            temperature=_either(request["temperature"], session.temperature),
+            top_p=_either(request["top_p"], session.top_p),
             stop_token_ids=self.renderer.stop_token_ids,
             stop_strings=request["stop"],
         )
@@ -267,3 +269,7 @@ class Endpoint:
 
     async def __aexit__(self, *exc: object) -> None:
         await asyncio.to_thread(self.close)
+
+
+def _either(asked: float | None, default: float) -> float:
+    return default if asked is None else asked

@@ -6,6 +6,7 @@ generated or recorded, so a bad request changes nothing. `tool_choice` may be `a
 `required` or a named function among the request's tools; the last two are accepted (agent
 libraries such as smolagents send `required` on every call) but decoding is not constrained:
 the policy is trained on what it sampled, so an answer without a call comes back as content.
+A request that sets no `temperature` or `top_p` samples at its session's (`open_session`).
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ def checked(body: Any) -> dict[str, Any]:
         raise EndpointError(400, "'stop' must be a string or a list of strings", "invalid_stop")
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
     try:
-        temperature = float(_given(body, "temperature", 1.0))
-        top_p = float(_given(body, "top_p", 1.0))
+        temperature = _number(body.get("temperature"))
+        top_p = _number(body.get("top_p"))
         max_tokens = None if max_tokens is None else int(max_tokens)
     except (TypeError, ValueError) as error:
         message = f"a sampling setting is not a number: {error}"
@@ -89,9 +90,9 @@ def _tool_choice(choice: Any, tools: list[dict[str, Any]]) -> str:
     )
 
 
-def _given(body: dict[str, Any], name: str, default: Any) -> Any:
-    value = body.get(name)
-    return default if value is None else value
+def _number(value: Any) -> float | None:
+    """A sampling setting as a float; None where the request leaves it to the session."""
+    return None if value is None else float(value)
 
 
 def for_template(message: dict[str, Any]) -> dict[str, Any]:

@@ -41,6 +41,9 @@ class Session:
     last_reply: dict[str, Any] | None = None
     last_token: int | None = None
     tools_key: str = ""
+    temperature: float = 1.0
+    """What a request that sets no temperature samples at (the episode's own setting)."""
+    top_p: float = 1.0
     calling: asyncio.Lock = field(default_factory=asyncio.Lock)
     """One call at a time per session: its sequence is one history."""
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -135,11 +138,12 @@ class Sessions:
         self.by_key: dict[str, Session] = {}
         self._lock = threading.Lock()
 
-    def open(self) -> str:
-        """A new session's key (the program passes it as its API key)."""
+    def open(self, temperature: float = 1.0, top_p: float = 1.0) -> str:
+        """A new session's key (the program passes it as its API key); requests that set no
+        temperature or top-p sample at these."""
         key = "tg-" + secrets.token_hex(16)
         with self._lock:
-            self.by_key[key] = Session()
+            self.by_key[key] = Session(temperature=temperature, top_p=top_p)
         return key
 
     def get(self, key: str | None) -> Session:

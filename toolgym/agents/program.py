@@ -11,11 +11,13 @@ The program gets the row with its `prompt` as chat messages (reset's observation
 toolgym shows it) and the environment, reset. Each episode gets a session of an `Endpoint`
 over the agent's own engine, tokenizer, parser, template and limits (one endpoint per agent,
 started at first use, on loopback); what the session records is the episode's trajectory,
-token for token. The reward is the program's return value, else the environment's
-`get_reward()` (and reward functions, in training). A request past the limits gets an
-OpenAI-style error the program sees, and the episode ends `max_turns` / `length`; a program
-that raises ends `env_error`, one that runs past `timeout` ends `tool_timeout` (the model's
-outcome: its calls decide how long the program runs).
+token for token. Requests that set no temperature or top-p sample at the run's own (the
+trainer's temperature; greedy in `GRPOTrainer.evaluate()`'s default). The reward is the
+program's return value, else the environment's `get_reward()` (and reward functions, in
+training). A request past the limits gets an OpenAI-style error the program sees, and the
+episode ends `max_turns` / `length`; a program that raises ends `env_error`, one that runs past
+`timeout` ends `tool_timeout` (the model's outcome: its calls decide how long the program
+runs).
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ def program_rollout(program: Program, timeout: float = 600.0) -> RolloutFn:
 
     async def rollout(ctx: RolloutContext, env: Any) -> Trajectory:
         endpoint = await asyncio.to_thread(_endpoint_for, ctx)
-        key = endpoint.open_session()
+        sampling = ctx._episode.sampling  # this run's temperature (greedy in an evaluation)
+        key = endpoint.open_session(sampling.temperature, sampling.top_p)
         failure: EpisodeEnd | None = None
         try:
             row = {**ctx.row, "prompt": list(ctx.messages)}  # reset's observation included

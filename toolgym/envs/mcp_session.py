@@ -126,10 +126,10 @@ class MCPSession:
 
     async def _hold(self, opened: concurrent.futures.Future[Any]) -> None:
         """The task that owns the session: opens it, waits for `close`, then leaves it."""
-        from mcp import Client
-
         self._closing = asyncio.Event()
         try:
+            from mcp import Client
+
             async with Client(self._target(), mode=self._options[2]) as client:
                 opened.set_result(client)
                 await self._closing.wait()

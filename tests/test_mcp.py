@@ -62,6 +62,12 @@ SERVER = textwrap.dedent(
 
 
     @app.tool()
+    def die() -> str:
+        """Exit the server's process."""
+        os._exit(3)
+
+
+    @app.tool()
     def score() -> float:
         """1 if the counter reached its target."""
         return float(state["count"] == state["target"])
@@ -136,7 +142,7 @@ def test_a_stdio_server_is_an_environment_through_register_and_make(server_file,
     toolgym.register("test/McpCounter-v0", env, max_turns=5)
     with toolgym.make("test/McpCounter-v0") as instance:
         names = [tool["function"]["name"] for tool in instance.tools]
-        assert names == ["increment", "divide", "pid"]  # start and score are toolgym's
+        assert names == ["increment", "divide", "pid", "die"]  # start and score: toolgym's
         schema = instance.tools[0]["function"]
         assert schema["description"] == "Add to the counter."
         assert schema["parameters"]["properties"]["by"]["type"] == "integer"
@@ -162,6 +168,21 @@ def test_errors_are_tool_failures_with_the_servers_text(server_file, quiet):
         assert contents(result)[3] == "2.0"
         assert env.get_reward() is None  # no reward source: the trainer's functions score it
         assert not result.terminated
+
+
+def test_a_call_that_kills_the_server_ends_the_episode_and_the_next_one_starts_afresh(
+    server_file, quiet
+):
+    with toolgym.mcp([sys.executable, str(server_file)], errlog=quiet)() as env:
+        env.reset()
+        result = env.step([call("die"), call("increment")])
+        assert result.terminated and result.info["ended"] == "tool_crash"
+        assert "closed the connection during die" in contents(result)[0]
+        assert "the episode is over" in contents(result)[1]
+        env.reset()
+        assert contents(env.step(call("increment")))[0] == "1"
+    with pytest.raises(OSError):
+        toolgym.mcp(["/nonexistent/mcp-server"], errlog=quiet)().reset()
 
 
 def test_each_episode_gets_a_fresh_server_process(server_file, quiet):
@@ -214,11 +235,8 @@ def test_a_streamable_http_server_is_an_environment_with_a_session_per_episode(s
         env = toolgym.mcp(url, reward_tool="score", reset_tool="start")
         toolgym.register("test/McpHttpCounter-v0", env)
         with toolgym.make("test/McpHttpCounter-v0") as instance:
-            assert {tool["function"]["name"] for tool in instance.tools} == {
-                "increment",
-                "divide",
-                "pid",
-            }
+            names = {tool["function"]["name"] for tool in instance.tools}
+            assert names == {"increment", "divide", "pid", "die"}
             instance.reset(target=1)
             assert contents(instance.step(call("increment")))[0] == "1"
             assert instance.get_reward() == 1.0

@@ -18,8 +18,9 @@
 - **Results** come back as tool messages: text blocks joined by newlines (a resource's text;
   other blocks as `[image image/png]`-style placeholders), else the structured content as
   JSON. A result with `isError` is a tool failure (`tool_error`) carrying the server's text,
-  and so is a JSON-RPC error the server answers a call with; a server that dies or stops
-  answering ends the episode `env_error`.
+  and so is a JSON-RPC error the server answers a call with. A server that exits during a
+  call ends the episode `tool_crash` (the model's call killed it); one that cannot be reached
+  ends it `env_error`.
 - **Reward**: `reward_tool` (a server tool called when the reward is read, with the row's
   columns its schema names; its structured `result`, or its text, as a number), a `reward`
   function `reward(episode: MCPEpisode) -> float | None`, or both (their sum). With neither,
@@ -45,6 +46,14 @@ from toolgym.envs.inline import InlineStep
 from toolgym.envs.mcp_session import MCPSession, Server, is_url, server_argv
 from toolgym.envs.stepping import Stepper
 from toolgym.envs.tools import Tool, ToolArgumentError, render_result
+
+
+class ServerGone(RuntimeError):
+    """The server's connection closed during one of the model's calls (a stdio server whose
+    process exited): the episode ends `tool_crash`, the model's outcome, as when a call kills
+    its sandbox worker (`toolgym.envs.stepping.failure_status`)."""
+
+    model_caused = True
 
 
 @dataclass
@@ -244,7 +253,14 @@ class MCPEnvironment:
 
     # -- calls ---------------------------------------------------------------------------------
     def run(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
-        return self._noted(call, lambda session: session.call(call.name, arguments))
+        from mcp import MCPError
+
+        session = self._session()
+        try:
+            result = session.call(call.name, arguments)
+        except MCPError as error:
+            return self._refused(call, error)
+        return self._record(as_tool_result(call, result))
 
     async def arun(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
         from mcp import MCPError
@@ -252,18 +268,18 @@ class MCPEnvironment:
         session = self._session()
         try:
             result = await session.acall(call.name, arguments)
-        except MCPError as error:  # the server refused the call: the model's mistake
-            return self._record(ToolResult(call, f"Error: {error}", "tool_error"))
-        return self._record(as_tool_result(call, result))
-
-    def _noted(self, call: ToolCall, send: Callable[[MCPSession], Any]) -> ToolResult:
-        from mcp import MCPError
-
-        try:
-            result = send(self._session())
         except MCPError as error:
-            return self._record(ToolResult(call, f"Error: {error}", "tool_error"))
+            return self._refused(call, error)
         return self._record(as_tool_result(call, result))
+
+    def _refused(self, call: ToolCall, error: Exception) -> ToolResult:
+        """A JSON-RPC error answering a call: the server refused it (the model's mistake, a
+        `tool_error`), or the connection closed while it ran (`ServerGone`)."""
+        from mcp_types import CONNECTION_CLOSED
+
+        if getattr(error, "code", None) == CONNECTION_CLOSED:
+            raise ServerGone(f"the MCP server closed the connection during {call.name}")
+        return self._record(ToolResult(call, f"Error: {error}", "tool_error"))
 
     def _record(self, result: ToolResult) -> ToolResult:
         self.episode.calls.append(result)

@@ -77,7 +77,7 @@ class MCPEpisode:
         if the server reports an error)."""
         if self.session is None:
             raise RuntimeError("the episode has no open session")
-        result = self.session.call(name, arguments)
+        result = self.session.call(name, arguments, self.session.timeout)
         text = result_text(result)
         if result.is_error:
             raise RuntimeError(f"{name} failed: {text}")
@@ -307,7 +307,8 @@ class MCPEnvironment:
         values: list[float | None] = []
         name = self.spec.reward_tool
         if name is not None and self.session is not None:
-            result = self.session.call(name, self._columns(name, self.episode.row))
+            columns = self._columns(name, self.episode.row)
+            result = self.session.call(name, columns, self.spec.timeout)
             values.append(reward_value(name, result))
         if self.spec.reward is not None:
             value = self.spec.reward(self.episode)

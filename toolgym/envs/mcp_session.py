@@ -151,9 +151,15 @@ class MCPSession:
         return stdio_client(parameters, errlog=errlog if errlog is not None else sys.stderr)
 
     def call(self, name: str, arguments: dict[str, Any], timeout: float | None = None) -> Any:
-        """Call a tool and wait for its `CallToolResult` (an `MCPError` for a protocol error)."""
+        """Call a tool and wait for its `CallToolResult` (an `MCPError` for a protocol error;
+        past `timeout` seconds the request is cancelled and TimeoutError raised)."""
         self.used = True
-        return submit(self._client().call_tool(name, arguments)).result(timeout)
+        future = submit(self._client().call_tool(name, arguments))
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"the MCP tool {name} took over {timeout:g} s") from None
 
     async def acall(self, name: str, arguments: dict[str, Any]) -> Any:
         """`call` for an event loop; cancelling it cancels the request."""

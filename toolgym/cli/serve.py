@@ -215,10 +215,12 @@ def serve(args: argparse.Namespace) -> int:
     """Serve ENV until interrupted (stdio: until the client closes stdin)."""
     if args.protocol != "mcp":
         raise CLIError(f"--protocol {args.protocol}: only 'mcp' is served so far")
+    from toolgym.envs.mcp_session import require_sdk
+
     try:
-        import mcp  # noqa: F401
-    except ImportError:
-        raise CLIError("serving MCP needs the mcp package: pip install 'toolgym[mcp]'") from None
+        require_sdk()
+    except ImportError as error:
+        raise CLIError(str(error)) from None
     episodes = Episodes(resolve_env(args.env), args.sandbox, args.max_sessions)
     signal.signal(signal.SIGTERM, _interrupt)  # instances close on the way out
     try:

@@ -45,6 +45,22 @@ def server_argv(server: Server) -> list[str]:
     return argv
 
 
+def require_sdk() -> None:
+    """ImportError naming what to install unless the `mcp` SDK 2.x (its `Client`) is here."""
+    try:
+        from mcp import Client  # noqa: F401
+    except ImportError:
+        from importlib import metadata
+
+        try:
+            found = f"mcp {metadata.version('mcp')} is installed"
+        except metadata.PackageNotFoundError:
+            found = "mcp is not installed"
+        raise ImportError(
+            f"toolgym's MCP support needs the mcp SDK 2.x ({found}): pip install 'mcp>=2.3'"
+        ) from None
+
+
 class _Loop:
     """The one event loop, in a daemon thread, that every session of this process runs on."""
 
@@ -114,6 +130,7 @@ class MCPSession:
         """Start the server (or the HTTP session) and complete the handshake."""
         if self.client is not None:
             return self
+        require_sdk()
         opened: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self._held = submit(self._hold(opened))
         try:

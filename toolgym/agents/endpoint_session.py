@@ -33,6 +33,8 @@ class Session:
     status: Status = "finished"
     error: str | None = None
     calls: int = 0
+    tool_calls: int = 0
+    """Tool calls the model's answers held (the program runs them; their outcome is its own)."""
     joined: int = 0
     """Calls whose prompt extended the previous call's sequence (no re-rendering)."""
     tokens: int = 0
@@ -96,6 +98,7 @@ class Session:
             self.samples.append(sample)
         sample.append(list(completion.token_ids), True, list(completion.logprobs))
         self.calls += 1
+        self.tool_calls += len(reply.get("tool_calls") or [])
         self.tokens += len(completion.token_ids)
         self.last_request = list(request["messages"])
         self.last_reply = for_template(reply)  # as the program will send it back
@@ -124,7 +127,7 @@ class Session:
                 "turns": float(self.calls),
                 "joined_calls": float(self.joined),
                 "model_tokens": float(trajectory.model_tokens),
-                "tool_calls": 0.0,
+                "tool_calls": float(self.tool_calls),
                 "tool_failures": 0.0,
             }
             return trajectory

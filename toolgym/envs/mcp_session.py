@@ -74,6 +74,8 @@ class _Loop:
                 loop = asyncio.new_event_loop()
                 thread = threading.Thread(target=loop.run_forever, name="toolgym-mcp", daemon=True)
                 thread.start()
+                if cls.loop is None:  # the first session: none may outlive the interpreter
+                    atexit.register(_close_all)
                 cls.loop = loop
             return cls.loop
 
@@ -86,7 +88,6 @@ def submit(coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
 _open: weakref.WeakSet[MCPSession] = weakref.WeakSet()
 
 
-@atexit.register
 def _close_all() -> None:  # a session left open must not leave its server process behind
     for session in list(_open):
         session.close()

@@ -305,7 +305,6 @@ def test_grpo_trains_one_step_against_a_pypi_mcp_server(tmp_path, quiet):
     env = time_server(
         reward=tokyo_time, dataset=[{"prompt": TIME_QUESTION}], max_turns=2, errlog=quiet
     )
-    toolgym.register("test/McpTime-v0", env, dataset=env.dataset_builder)
     args = GRPOConfig(
         output_dir=str(tmp_path),
         max_steps=1,
@@ -319,8 +318,8 @@ def test_grpo_trains_one_step_against_a_pypi_mcp_server(tmp_path, quiet):
     tokenizer = tiny_tokenizer()
     trainer = GRPOTrainer(
         tiny_model(tokenizer),
-        "test/McpTime-v0",
-        toolgym.spec("test/McpTime-v0").dataset(2, seed=0),
+        env,  # the factory itself (an id registered with it works the same)
+        env.dataset_builder(2, seed=0),
         args=args,
         tokenizer=tokenizer,
     )

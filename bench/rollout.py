@@ -29,6 +29,7 @@ ships, which TRL requires), episodes and limits, measured in the same run, and t
 throughput as a multiple of TRL's (`a/c`).
 
     python bench/rollout.py [--episodes 32] [--engine hf|vllm] [--no-peer]
+    python bench/rollout.py --engine vllm-server --workload heterogeneous   # 1 vs 2 servers
 """
 
 from __future__ import annotations
@@ -267,7 +268,7 @@ class VaryingLengths:
         draw = random.Random(hash(tuple(request.prompt_ids)))
         tokens = round(math.exp(draw.uniform(math.log(low), math.log(high))))
         sampling = dataclasses.replace(request.sampling, max_tokens=tokens)
-        varied = GenerationRequest(request.prompt_ids, sampling)
+        varied = dataclasses.replace(request, sampling=sampling)  # the session goes along
         self.requests.append(varied)
         return varied
 
@@ -311,9 +312,8 @@ class VaryingLengths:
 WORKLOADS = {"heterogeneous": ((10, 500), (0.0, 0.5)), "equal": ((64, 64), (0.0, 0.0))}
 
 
-def synthetic(engine_name: str, workload: str, episodes: int) -> dict[str, float]:
-    """Model tokens/s of (a) per request, (b) batch-synchronous, (d) the engine alone."""
-    lengths, latencies = WORKLOADS[workload]
+def synthetic_model():
+    """The synthetic workloads' random tiny model, its tokenizer and the folder it is in."""
     tokenizer = tiny_tokenizer()
     model = tiny_model(tokenizer, seed=3, hidden_size=128)
     with torch.no_grad():  # special tokens score 0: greedy never ends a turn before its length
@@ -321,6 +321,13 @@ def synthetic(engine_name: str, workload: str, episodes: int) -> dict[str, float
     folder = tempfile.mkdtemp(prefix="toolgym-bench-")
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    return tokenizer, model, folder
+
+
+def synthetic(engine_name: str, workload: str, episodes: int) -> dict[str, float]:
+    """Model tokens/s of (a) per request, (b) batch-synchronous, (d) the engine alone."""
+    lengths, latencies = WORKLOADS[workload]
+    tokenizer, model, folder = synthetic_model()
     if engine_name == "vllm":
         from toolgym.agents import VLLMEngine
 
@@ -368,6 +375,78 @@ def synthetic(engine_name: str, workload: str, episodes: int) -> dict[str, float
     return figures
 
 
+def server_arms(workload: str, episodes: int, repeats: int = 3) -> dict[str, float]:
+    """Model tokens/s of toolgym per request on two vLLM servers started here: one server,
+    two servers with sticky sessions, two servers with every request to the least-loaded one
+    (round-robin placement). The arms take turns, `repeats` rounds after a warm-up each (the
+    median is kept: other work on the machine moves single runs); every measured run starts
+    from empty prefix caches, and its hits are counted from the servers' `usage` reports."""
+    from test_server_pool import Servers
+
+    from toolgym.agents import VLLMServerEngine
+
+    lengths, latencies = WORKLOADS[workload]
+    tokenizer, _, folder = synthetic_model()
+    servers = Servers(Path(folder), Path(tempfile.mkdtemp(prefix="toolgym-servers-")), 4096)
+    runs: dict[str, list[tuple[float, int, int]]] = {}
+    engines: dict[str, VLLMServerEngine] = {}
+    try:
+        urls = [servers.start(), servers.start()]
+        for url in urls:
+            servers.wait(url)
+        arms = {"one server": (urls[:1], True), "two servers": (urls, True)}
+        arms["two, round-robin"] = (urls, False)
+        for label, (used, sticky) in arms.items():
+            engines[label] = VLLMServerEngine(used, sticky=sticky)
+        for round_ in range(repeats + 1):
+            for label, engine in engines.items():
+                run = server_run(engine, tokenizer, lengths, latencies, episodes)
+                if round_:  # the first round warms each arm up
+                    runs.setdefault(label, []).append(run)
+    finally:
+        for engine in engines.values():
+            engine.close()
+        servers.close()
+    figures = {}
+    for label, measured in runs.items():
+        tokens_per_s, prompt, cached = sorted(measured)[len(measured) // 2]
+        figures[label] = tokens_per_s
+        print(
+            f"{label:16} {workload}: {episodes} episodes, median of {repeats}: "
+            f"{tokens_per_s:7.1f} model tokens/s (runs: "
+            f"{', '.join(f'{run[0]:.0f}' for run in measured)}) | prefix cache held "
+            f"{cached}/{prompt} prompt tokens ({cached / prompt:.0%})"
+        )
+    return figures
+
+
+def server_run(engine, tokenizer, lengths, latencies, episodes: int) -> tuple[float, int, int]:
+    """One run of the synthetic workload on a server engine: model tokens/s, prompt tokens,
+    and prompt tokens the servers' prefix caches held (emptied first)."""
+    from toolgym.agents.engines.pool import call_json
+
+    agent = Agent(
+        VaryingLengths(engine, lengths),
+        tokenizer,
+        parser=always_wait,
+        sampling=SamplingParams(temperature=0),
+        limits=AgentLimits(max_turns=SYNTHETIC_TURNS, max_new_tokens=512, max_episode_tokens=8192),
+    )
+    rows = [{"prompt": "Play.", "index": i} for i in range(episodes)]
+    for server in engine.pool.servers:
+        call_json(server.url, "POST", "/reset_prefix_cache")
+    before = engine.stats()
+    started = time.perf_counter()
+    trajectories = agent.run([WaitingGame(latencies) for _ in rows], rows)
+    wall = time.perf_counter() - started
+    after = engine.stats()
+    prompt, cached = (
+        sum((after[url][key] or 0) - (before[url][key] or 0) for url in after)
+        for key in ("prompt_tokens", "cached_tokens")
+    )
+    return sum(t.model_tokens for t in trajectories) / wall, prompt, cached
+
+
 def replay_alone(engine, requests: list[GenerationRequest], concurrency: int) -> float:
     """The engine's tokens/s on `requests` with `concurrency` in flight and nothing else."""
     pending, tokens = list(requests), 0
@@ -389,12 +468,23 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--episodes", type=int, default=32)
-    parser.add_argument("--engine", choices=["hf", "vllm"], default="hf")
+    parser.add_argument(
+        "--engine",
+        choices=["hf", "vllm", "vllm-server"],
+        default="hf",
+        help="vllm-server: one vs two vLLM servers started here (synthetic workloads)",
+    )
     parser.add_argument("--no-peer", action="store_true", help="skip the TRL comparison")
     parser.add_argument(
         "--workload", choices=["heterogeneous", "equal", "wordle"], default="wordle"
     )
     args = parser.parse_args()
+    if args.engine == "vllm-server":
+        figures = server_arms(args.workload if args.workload != "wordle" else "heterogeneous",
+                              args.episodes)  # fmt: skip
+        print(f"two/one {figures['two servers'] / figures['one server']:.2f}")
+        print(f"sticky/round-robin {figures['two servers'] / figures['two, round-robin']:.2f}")
+        return
     if args.workload != "wordle":
         figures = synthetic(args.engine, args.workload, args.episodes)
         if "a" not in figures:

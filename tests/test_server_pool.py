@@ -116,8 +116,8 @@ class Servers:
     """vLLM servers on 127.0.0.1, each in a process group of its own (the API server and its
     engine-core process), killed by group."""
 
-    def __init__(self, model: Path, root: Path) -> None:
-        self.model, self.root = model, root
+    def __init__(self, model: Path, root: Path, context: int = 2048) -> None:
+        self.model, self.root, self.context = model, root, context
         self.running: dict[str, subprocess.Popen] = {}
 
     def start(self, url: str | None = None) -> str:
@@ -135,7 +135,8 @@ class Servers:
         }
         command = [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
-            "--host", "127.0.0.1", "--port", port, "--dtype", "float32", "--max-model-len", "2048",
+            "--host", "127.0.0.1", "--port", port, "--dtype", "float32",
+            "--max-model-len", str(self.context),
             "--enforce-eager", "--kv-cache-memory-bytes", str(64 << 20), "--block-size", "32",
             "--distributed-executor-backend", "uni", "--logprobs-mode", "processed_logprobs",
             "--enable-prompt-tokens-details",

@@ -91,6 +91,38 @@ def test_without_stickiness_every_request_goes_to_the_least_loaded_server():
     assert router.server_of("s1") is None
 
 
+def test_an_unreachable_or_failing_server_is_gone_and_a_refused_request_is_not():
+    """What moves a request to another server: no answer, or an error on the server's side
+    (HTTP 5xx); an HTTP 4xx is the request's own fault and ends it where it is."""
+    import http.server
+
+    from toolgym.agents.engines.pool import ServerError, ServerGone
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(int(self.path.strip("/")))
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answer) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert call_json(url, "GET", "/200", timeout=5) == {}
+        with pytest.raises(ServerGone, match="HTTP 503"):
+            call_json(url, "GET", "/503", timeout=5)
+        with pytest.raises(ServerError, match="HTTP 400") as refused:
+            call_json(url, "GET", "/400", timeout=5)
+        assert not isinstance(refused.value, ServerGone)
+        server.shutdown()
+        thread.join()
+    with pytest.raises(ServerGone, match="cannot reach"):
+        call_json(f"http://127.0.0.1:{_free_port()}", "GET", "/health", timeout=5)
+
+
 # -- real servers --------------------------------------------------------------------------------
 
 

@@ -525,3 +525,30 @@ def test_requests_that_set_no_temperature_sample_at_the_run_s_own(tokenizer, sdk
     agent.run([toolgym.make("Wordle-v0")], rows, rollout_fn=chosen, sampling=greedy)
     default = (agent.sampling.temperature, agent.sampling.top_p)
     assert engine.settings == [(0.0, 1.0), default, (0.7, 0.9)]
+
+
+def test_the_sdk_s_default_responses_model_is_told_what_is_served(tokenizer, sdk):
+    """The gap, written down: the Agents SDK's default model speaks the Responses API
+    (`POST /responses`), which the endpoint does not serve (its record is per chat call). The
+    answer is an OpenAI-style 404 naming the fix: the SDK's chat-completions model."""
+    engine = ScriptedEngine([ids(tokenizer, "Hi.<|im_end|>")])
+    with Endpoint(engine, tokenizer, parser="hermes") as endpoint:
+        key = endpoint.open_session()
+
+        async def play():
+            async with openai.AsyncOpenAI(
+                base_url=endpoint.base_url, api_key=key, max_retries=0
+            ) as client:
+                model = sdk.OpenAIResponsesModel(model="toolgym", openai_client=client)
+                agent = sdk.Agent(name="a", model=model)
+                config = sdk.RunConfig(tracing_disabled=True)
+                await sdk.Runner.run(agent, "Hello.", run_config=config)
+
+        with pytest.raises(openai.NotFoundError, match="OpenAIChatCompletionsModel") as error:
+            asyncio.run(play())
+        assert error.value.body["code"] == "not_found"
+        assert endpoint.trajectory(key).metrics["turns"] == 0  # nothing generated or recorded
+        with httpx.Client() as http:
+            wrong_method = http.get(f"{endpoint.base_url}/chat/completions")
+        assert wrong_method.status_code == 405
+        assert wrong_method.json()["error"]["code"] == "method_not_allowed"

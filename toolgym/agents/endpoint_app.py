@@ -5,6 +5,9 @@ header, else the body's `user` field. Errors are OpenAI's shape (`{"error": {"me
 "type", "code"}}`) with a fitting HTTP status; nothing a request sends crashes the server.
 With `stream: true` the answer comes as server-sent events in OpenAI's chunk shape, after the
 completion is generated (one content delta, one tool-call delta, the finish, `[DONE]`).
+Any other route or method gets an OpenAI-style 404/405 that names what is served (the
+Responses API is not: agent libraries that default to it, like the OpenAI Agents SDK, take
+their chat-completions model instead).
 """
 
 from __future__ import annotations
@@ -74,11 +77,23 @@ def build_app(endpoint: Completer) -> Starlette:
             return StreamingResponse(_events(answer), media_type="text/event-stream")
         return JSONResponse(answer)
 
+    async def not_served(request: Request, error: Exception) -> Response:
+        status = getattr(error, "status_code", 404)
+        message = (
+            f"{request.method} {request.url.path} is not served: this endpoint serves POST "
+            "/v1/chat/completions and GET /v1/models (not the Responses API; with the OpenAI "
+            "Agents SDK use OpenAIChatCompletionsModel or set_default_openai_api"
+            "('chat_completions'))"
+        )
+        code = "not_found" if status == 404 else "method_not_allowed"
+        return JSONResponse(EndpointError(status, message, code).body(), status_code=status)
+
     return Starlette(
         routes=[
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        ]
+        ],
+        exception_handlers={404: not_served, 405: not_served},
     )
 
 

@@ -204,6 +204,10 @@ class Servers:
             assert time.monotonic() < deadline, f"processes of the server at {url} survived"
             time.sleep(0.1)
 
+    def signal(self, url: str, number: signal.Signals) -> None:
+        """Send `number` to the server's process group (SIGSTOP: it hangs; SIGCONT: back)."""
+        os.killpg(self.running[url].pid, number)
+
     def close(self) -> None:
         for url in list(self.running):
             self.kill(url)
@@ -233,7 +237,7 @@ def engine(served, tmp_path_factory):
 
     _, urls, _, _ = served
     weights = tmp_path_factory.mktemp("pool-weights")
-    engine = VLLMServerEngine(urls, weights_dir=str(weights), probe_interval=0.2)
+    engine = VLLMServerEngine(urls, weights_dir=str(weights), probe_interval=0.2, probe_timeout=2)
     yield engine
     engine.close()
 
@@ -424,3 +428,26 @@ def test_a_server_back_after_a_restart_and_a_late_one_get_the_current_weights(se
     futures = [engine.submit(greedy(32, session=f"late-{i}")) for i in range(6)]
     assert all(same_policy(future.result(timeout=60), current) for future in futures)
     assert engine.stats()[late]["requests"] >= 1
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_a_server_that_hangs_has_its_requests_sent_on_and_is_put_back(served, engine):
+    """SIGSTOP one server's processes while requests run on it: it misses its health probes,
+    is taken out, its requests are cut and made whole elsewhere; after SIGCONT it is back."""
+    servers, (kept, hung), _, _ = served
+    reference = greedy_on(kept, 800)
+    failed = engine.stats()[hung]["failures"]
+    futures = [engine.submit(greedy(800, session=f"hang-{i}")) for i in range(6)]
+    router = engine.pool.router
+    wait_for(lambda: all(server.in_flight >= 1 for server in router.servers))
+    servers.signal(hung, signal.SIGSTOP)
+    try:
+        completions = [future.result(timeout=90) for future in futures]
+        assert all(same_policy(completion, reference) for completion in completions)
+        stats = engine.stats()[hung]
+        assert stats["up"] is False and stats["failures"] > failed  # its requests were cut
+    finally:
+        servers.signal(hung, signal.SIGCONT)
+    wait_for(lambda: engine.stats()[hung]["up"], timeout=60)
+    assert same_policy(greedy_on(hung, 800), reference)

@@ -18,58 +18,26 @@ back) gets the current weights before its first request.
 from __future__ import annotations
 
 import http.client
-import json
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TypeVar
 
+from toolgym.agents.engines.http_json import Connected, ServerError, ServerGone, call_json, cut
 from toolgym.agents.engines.routing import Router, ServerState
+
+__all__ = ["Answer", "ServerError", "ServerGone", "ServerPool", "call_json"]
 
 T = TypeVar("T")
 
 
-class ServerError(RuntimeError):
-    """The server answered with an error or could not be reached."""
-
-
-class ServerGone(ServerError):
-    """The server could not be reached or failed on its side: another one may take the
-    request."""
-
-
-def call_json(
-    url: str, method: str, path: str, body: dict[str, Any] | None = None, timeout: float = 600.0
-) -> Any:
-    """`method url+path` with a JSON body; the decoded JSON answer (None when empty)."""
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(
-        url + path, data=data, method=method, headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            payload = response.read()
-    except urllib.error.HTTPError as error:
-        detail = error.read().decode(errors="replace")[:500]
-        error.close()
-        hint = (
-            " (start the server with VLLM_SERVER_DEV_MODE=1)"
-            if path == "/collective_rpc" and error.code == 404
-            else ""
-        )
-        kind = ServerGone if error.code >= 500 else ServerError
-        raise kind(f"{method} {url}{path} -> HTTP {error.code}: {detail}{hint}") from None
-    except (OSError, http.client.HTTPException) as error:  # refused, reset, timed out
-        raise ServerGone(f"{method} {path}: cannot reach {url}: {error!r}") from None
-    return json.loads(payload) if payload else None
-
-
 Answer = tuple[T, int, int | None]
-"""What a request's `send(url)` returns: its result, its prompt tokens, and the tokens the
-server's prefix cache held (None: not reported)."""
+"""What a request's `send(url, connected)` returns: its result, its prompt tokens, and the
+tokens the server's prefix cache held (None: not reported)."""
+
+Send = Callable[[str, Connected], Answer[T]]
+"""A request on one server (its URL), telling `connected` of its connection."""
 
 
 class ServerPool:
@@ -79,8 +47,10 @@ class ServerPool:
         urls: The servers' base URLs (a router in front of several counts as one).
         sync: Gives one server (its URL) the current weights; raises `ServerError`.
         sticky: Keep a session on one server (see `Router`).
-        probe_interval: Seconds between health probes of the servers taken out.
-        probe_timeout: Seconds a probe waits for `/health`.
+        probe_interval: Seconds between health probes of the servers taken out and of those
+            with requests in flight.
+        probe_timeout: Seconds a probe waits for `/health`; a server with requests in flight
+            that misses two probes in a row is taken out and its requests sent on.
         wait_for_server: Seconds a request waits for a healthy server when none is left.
         retries: Servers a request is sent to again after the one it was on failed.
     """
@@ -108,6 +78,10 @@ class ServerPool:
         self._weights = threading.Lock()  # one change of weights at a time (update or rejoin)
         self._updating = False
         self._in_flight = 0
+        self._connections: dict[ServerState, set[http.client.HTTPConnection]] = {}
+        self._misses: dict[ServerState, int] = {}  # health probes missed in a row
+        self.misses_to_cut = 2
+        """Probes a busy server may miss in a row before its requests are cut and sent on."""
         for url in urls:
             self.add(url)
         self._stop = threading.Event()
@@ -135,8 +109,9 @@ class ServerPool:
         self._rejoin(server)
         return server
 
-    def run(self, session: str | None, send: Callable[[str], Answer[T]]) -> T:
-        """`send(url)` on the server for `session`; on another one if that one is gone."""
+    def run(self, session: str | None, send: Send[T]) -> T:
+        """`send(url, connected)` on the server for `session`; on another one if that one is
+        gone (it failed the request, or stopped answering health probes while it ran)."""
         with self._cond:
             while self._updating:
                 self._cond.wait()
@@ -148,12 +123,12 @@ class ServerPool:
                 self._in_flight -= 1
                 self._cond.notify_all()
 
-    def _attempts(self, session: str | None, send: Callable[[str], Answer[T]]) -> T:
+    def _attempts(self, session: str | None, send: Send[T]) -> T:
         failures: list[str] = []
         while len(failures) <= self.retries:
             server = self._acquire(session)
             try:
-                result, prompt_tokens, cached = send(server.url)
+                result, prompt_tokens, cached = self._send_on(server, send)
             except ServerGone as error:
                 with self._cond:
                     self.router.failed(server)
@@ -167,6 +142,21 @@ class ServerPool:
                 self.router.done(server, prompt_tokens, cached)
             return result
         raise ServerError(f"{len(failures)} servers failed the request: {'; '.join(failures)}")
+
+    def _send_on(self, server: ServerState, send: Send[T]) -> Answer[T]:
+        """`send` on `server`, its connection known to the watch (cut if the server hangs)."""
+        opened: list[http.client.HTTPConnection] = []
+
+        def connected(connection: http.client.HTTPConnection) -> None:
+            with self._cond:
+                opened.append(connection)
+                self._connections.setdefault(server, set()).add(connection)
+
+        try:
+            return send(server.url, connected)
+        finally:
+            with self._cond:
+                self._connections.get(server, set()).difference_update(opened)
 
     def _acquire(self, session: str | None) -> ServerState:
         deadline = time.monotonic() + self.wait_for_server
@@ -239,8 +229,30 @@ class ServerPool:
     def _probe_loop(self, interval: float) -> None:
         while not self._stop.wait(interval):
             for server in self.servers:
-                if not server.up and not self._stop.is_set():
+                if self._stop.is_set():
+                    break
+                if not server.up:
                     self._rejoin(server)
+                elif server.in_flight:
+                    self._watch(server)
+
+    def _watch(self, server: ServerState) -> None:
+        """Probe a server with requests in flight; one that misses `misses_to_cut` probes in a
+        row hangs: take it out and cut its requests' connections (they go to another one)."""
+        try:
+            call_json(server.url, "GET", "/health", timeout=self.probe_timeout)
+        except ServerError:
+            self._misses[server] = self._misses.get(server, 0) + 1
+        else:
+            self._misses[server] = 0
+        if self._misses[server] < self.misses_to_cut:
+            return
+        self._misses[server] = 0
+        with self._cond:
+            server.up = False
+            hung = list(self._connections.get(server, ()))
+        for connection in hung:
+            cut(connection)
 
     def close(self) -> None:
         """Stop probing (the servers keep running)."""

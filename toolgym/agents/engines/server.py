@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.agents.engines.base import Completion, EngineCapabilities, GenerationRequest
-from toolgym.agents.engines.pool import Answer, ServerError, ServerGone, ServerPool, call_json
+from toolgym.agents.engines.http_json import Connected, ServerError, ServerGone, call_json
+from toolgym.agents.engines.pool import Answer, ServerPool
 
 __all__ = ["ServerError", "ServerGone", "VLLMServerEngine"]
 
@@ -46,7 +47,10 @@ class VLLMServerEngine:
             loaded one).
         wait_for_server: Seconds a request waits for a healthy server when none is left,
             before its episode ends with `engine_error`.
-        probe_interval: Seconds between health probes of servers taken out.
+        probe_interval: Seconds between health probes (of servers taken out, and of those
+            with requests in flight).
+        probe_timeout: Seconds a probe waits; a server with requests in flight that misses
+            two in a row is taken out (it hangs) and its requests go to another server.
     """
 
     capabilities = EngineCapabilities(per_request=True)
@@ -63,6 +67,7 @@ class VLLMServerEngine:
         sticky: bool = True,
         wait_for_server: float = 30.0,
         probe_interval: float = 1.0,
+        probe_timeout: float = 5.0,
     ) -> None:
         urls = base_url.split(",") if isinstance(base_url, str) else list(base_url)
         self.timeout = timeout
@@ -72,6 +77,7 @@ class VLLMServerEngine:
             sync=self._reload,
             sticky=sticky,
             probe_interval=probe_interval,
+            probe_timeout=probe_timeout,
             wait_for_server=wait_for_server,
         )
         try:
@@ -116,8 +122,8 @@ class VLLMServerEngine:
             "skip_special_tokens": False,
         }
 
-        def send(url: str) -> Answer[dict[str, Any]]:
-            answer = call_json(url, "POST", "/v1/completions", body, self.timeout)
+        def send(url: str, connected: Connected) -> Answer[dict[str, Any]]:
+            answer = call_json(url, "POST", "/v1/completions", body, self.timeout, connected)
             usage = answer.get("usage") or {}
             cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
             return answer, int(usage.get("prompt_tokens") or len(request.prompt_ids)), cached

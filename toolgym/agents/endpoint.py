@@ -6,11 +6,12 @@
         ...                                                  # the program's own tool loop
         trajectory = endpoint.trajectory(key)                # ids, masks, logprobs, messages
 
-`POST /v1/chat/completions` (tools, `tool_choice` auto/none, temperature, top_p, max_tokens,
-stop, `n=1`, `stream`) and `GET /v1/models`, on loopback by default. A request renders through
-the model's chat template (`ChatRenderer`), generates on the engine (per request where the
-engine can, else in batches), and answers with the parsed `content`, `tool_calls` and
-`reasoning_content`, in OpenAI's shape.
+`POST /v1/chat/completions` (tools, `tool_choice` auto/none/required/a named function (the last
+two unconstrained: the policy trains on what it sampled), temperature, top_p (unset: the
+session's), max_tokens, stop, `n=1`, `stream`) and `GET /v1/models`, on loopback by default.
+A request renders through the model's chat template (`ChatRenderer`), generates on the engine
+(per request where the engine can, else in batches), and answers with the parsed `content`,
+`tool_calls` and `reasoning_content`, in OpenAI's shape.
 
 Exactness: each session (its API key; `X-Session-Id` or the `user` field name another) records
 every call's prompt ids, sampled ids and logprobs. When a request repeats the previous call's

@@ -218,6 +218,7 @@ def served(tmp_path_factory):
     """Two servers of one tiny random model (and its tokenizer and weights)."""
     tokenizer = tiny_tokenizer()
     model = tiny_model(tokenizer, seed=3, hidden_size=128)  # head_dim 32: vLLM's CPU kernels
+    decisive(model.state_dict(), tokenizer)
     folder = tmp_path_factory.mktemp("pool-model")
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -268,14 +269,29 @@ def same_policy(first, second, tolerance: float = 1e-3) -> bool:
     return max(abs(x - y) for x, y in zip(lps, first_lps, strict=True)) < tolerance
 
 
-def perturbed(model, seed: int) -> dict:
+def decisive(state: dict, tokenizer) -> dict:
+    """Sharpen the output head (greedy choices far apart, so that float noise of other
+    batch sizes hardly ever flips one) and give special tokens no score (no completion ends
+    early at EOS): the long requests these tests hold in flight run to their length."""
+    import torch
+
+    with torch.no_grad():
+        head = state["lm_head.weight"]
+        head.mul_(1.0 / head.std())  # logits about N(0, 11)
+        head[tokenizer.all_special_ids] = 0.0
+    return state
+
+
+def perturbed(model, tokenizer, seed: int) -> dict:
+    """Other weights of the same shapes (another policy), as decisive as the first."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
-    return {
+    state = {
         name: value + 0.5 * torch.randn(value.shape, generator=generator)
         for name, value in model.state_dict().items()
     }
+    return decisive(state, tokenizer)
 
 
 def wait_for(condition, timeout: float = 30.0) -> None:
@@ -353,13 +369,15 @@ def test_a_new_episode_goes_to_the_server_with_fewer_requests_in_flight(engine):
 def test_an_update_reaches_every_server_and_no_completion_mixes_two_policies(served, engine):
     """Requests in flight when the update starts finish under the old weights; requests
     submitted during it wait and run under the new ones, on either server."""
-    _, urls, _, model = served
+    _, urls, tokenizer, model = served
     old = greedy_on(urls[0], 300)
     assert same_policy(greedy_on(urls[1], 300), old)
     before = [engine.submit(greedy(300, session=f"before-{i}")) for i in range(4)]
     router = engine.pool.router
     wait_for(lambda: sum(server.in_flight for server in router.servers) == 4)
-    update = threading.Thread(target=engine.update_weights, args=(perturbed(model, seed=1),))
+    update = threading.Thread(
+        target=engine.update_weights, args=(perturbed(model, tokenizer, seed=1),)
+    )
     update.start()
     wait_for(lambda: engine.pool.updating)
     during = [engine.submit(greedy(300, session=f"during-{i}")) for i in range(4)]
@@ -408,10 +426,10 @@ def test_a_server_back_after_a_restart_and_a_late_one_get_the_current_weights(se
     """The killed server restarts (from its first weights) while the policy moves on; the
     probe puts it back only after giving it the current weights. A third server added later
     gets them before its first request too."""
-    servers, (kept, lost), _, model = served
+    servers, (kept, lost), tokenizer, model = served
     servers.start(lost)
     late = servers.start()  # both start while the update below runs
-    engine.update_weights(perturbed(model, seed=2))
+    engine.update_weights(perturbed(model, tokenizer, seed=2))
     current = greedy_on(kept, 32)
     servers.wait(lost)
     wait_for(lambda: engine.stats()[lost]["up"], timeout=30)

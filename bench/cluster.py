@@ -291,8 +291,8 @@ class Timings:
 
 
 def executor_of(env: Any) -> Any:
-    """The executor of a sandboxed instance or of an in-process `Environment`."""
-    return env.executor if hasattr(env, "executor") else env.stepper.executor
+    """The executor of a stepped instance (sandboxed or in this process)."""
+    return env.executor
 
 
 def scripted_engine(tokenizer: Any, calls: int) -> Any:

@@ -3,7 +3,7 @@
 Both arms get the same randomly initialised Qwen2-style model, the same batch (random token
 ids; completions interleave 48 model tokens with 16 observation tokens, which both trainers
 mask out), the same advantages, `loss_type="dapo"`, `beta=0`, and one AdamW step. The toolgym
-arm runs `GRPOTrainer._update` (chunked logprobs, `logprob_chunk_size` positions of logits at
+arm runs `Learner.update` (chunked logprobs, `logprob_chunk_size` positions of logits at
 a time); the TRL arm runs `GRPOTrainer.compute_loss` of trl 1.16.0 (installed into
 `.bench/site`, see bench/trl_peer.py), its backward and the optimizer step. Each arm and
 length runs in a fresh process, so peak memory is that arm's alone: on CPU the growth of the
@@ -105,7 +105,7 @@ def toolgym_step(model, data, args) -> callable:
     used = torch.ones(len(trajectories), dtype=torch.bool)
 
     def step() -> None:
-        trainer._update(trajectories, data["advantages"], used, len(trajectories))
+        trainer.learner.update(trajectories, data["advantages"], used, len(trajectories))
 
     return step
 

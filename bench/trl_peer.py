@@ -63,7 +63,9 @@ def trl_environment(env_factory: Callable[[], Any]) -> type:
 
     class TRLWordle:
         def __init__(self) -> None:
-            self.env = env_factory()
+            import toolgym
+
+            self.env = toolgym.as_environment(env_factory())  # seeded, columns filtered
 
         def reset(self, **row: Any) -> str | None:
             return self.env.reset(**row)
@@ -74,7 +76,7 @@ def trl_environment(env_factory: Callable[[], Any]) -> type:
             Args:
                 word: A five-letter English word.
             """
-            return self.env.guess(word)
+            return self.env.unwrapped.guess(word)
 
         def get_reward(self) -> float:
             return self.env.get_reward()

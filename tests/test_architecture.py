@@ -137,6 +137,19 @@ def test_no_function_is_longer_than_a_screen(limit):
     assert not long, "\n".join(long)
 
 
+def test_no_class_is_over_300_lines():
+    """A class that grows past this has more than one job: split it by responsibility (a
+    part of its own, module functions), not by mixins."""
+    long = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                length = node.end_lineno - node.lineno + 1
+                if length > 300:
+                    long.append(f"{module_name(path)}.{node.name}: {length} lines")
+    assert not long, "\n".join(long)
+
+
 def test_the_checker_sees_relative_and_dynamic_imports(tmp_path, monkeypatch):
     """The reader of imports is not blind to the forms this codebase does not use today."""
     module = PACKAGE / "envs" / "probe_for_the_checker.py"

@@ -45,7 +45,7 @@ def test_invalid_words_do_not_use_a_guess():
         (result,) = play(env, bad)
         assert result.info["failures"][0]["kind"] == "tool_error"
         assert "did not use a guess" in result.messages[0]["content"]
-    assert env.history == []
+    assert env.unwrapped.history == []
     (result,) = play(env, "slate")
     assert result.messages[0]["content"].startswith(
         "Guess 1/6: S(gray) L(gray) A(green) T(gray) E(green)"
@@ -169,7 +169,7 @@ def test_arithmetic_dataset_rows_are_solvable():
     for row in toolgym.spec("Arithmetic-v0").dataset(20, seed=1):
         env = toolgym.make("Arithmetic-v0")
         env.reset(**row)
-        assert str(env.target) and row["prompt"][0]["content"].endswith("plain number.")
+        assert str(env.unwrapped.target) and row["prompt"][0]["content"].endswith("plain number.")
 
 
 def test_guess_number_binary_search_earns_full_reward():
@@ -214,7 +214,7 @@ def test_same_seed_and_row_behave_identically(env_id):
             else {"a": 2, "b": 3}
         )
         messages = [env.step(ToolCall(name, args)).messages for _ in range(3)]
-        state = {k: v for k, v in vars(env).items() if k not in ("_rng", "_stepper")}
+        state = {k: v for k, v in vars(env.unwrapped).items() if k != "_rng"}
         return messages, state
 
     first, state = trajectory(11)

@@ -82,7 +82,9 @@ def test_limits_and_failures_of_a_rollout_function_end_only_its_episode():
         await ctx.step(toolgym.ToolCall("wait", {"seconds": 5}))
 
     async def by_case(ctx, env):
-        return await {"a": forever, "b": crashes, "c": gives_up, "d": hangs}[env.case](ctx, env)
+        return await {"a": forever, "b": crashes, "c": gives_up, "d": hangs}[env.unwrapped.case](
+            ctx, env
+        )
 
     class Case(Judge):
         def reset(self, case: str = "a") -> str:

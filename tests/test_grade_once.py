@@ -62,22 +62,23 @@ def test_python_repl_grades_the_first_answer_only(where):
 
 def test_the_environments_own_methods_refuse_after_done():
     """Defence in depth: called directly (no Stepper in between), the built-ins refuse too."""
-    lines = toolgym.make("PythonLines-v0", sandbox="local")
-    repl = toolgym.make("PythonREPL-v0", sandbox="local")
+    lines_env = toolgym.make("PythonLines-v0", sandbox="local")
+    repl_env = toolgym.make("PythonREPL-v0", sandbox="local")
+    lines, repl = lines_env.unwrapped, repl_env.unwrapped
     try:
-        lines.reset(seed=0, task="t", answer="42")
+        lines_env.reset(seed=0, task="t", answer="42")
         assert type(lines).inline_step(lines, "submit(1)\n").done
         assert _over(type(lines).inline_step(lines, "submit(42)\n").observation)
         assert lines._submit("42").failed and lines.reward == 0.0
-        repl.reset(seed=0, task="t", answer="42")
+        repl_env.reset(seed=0, task="t", answer="42")
         type(repl).final_answer(repl, "1")
         type(repl).final_answer(repl, "42")
         assert repl.done and repl.reward == 0.0
         with pytest.raises(toolgym.ToolError, match="the episode is over"):
             repl.run("print(1)")
     finally:
-        lines.close()
-        repl.close()
+        lines_env.close()
+        repl_env.close()
 
 
 @pytest.mark.parametrize("where", WHERE)

@@ -63,13 +63,13 @@ class Counter(toolgym.Environment):
 
 
 @pytest.fixture
-def env() -> Counter:
-    env = Counter()
+def env() -> toolgym.Stepper:
+    env = toolgym.as_environment(Counter())
     assert env.reset(start=1, seed=0) == "The counter is at 1."
     return env
 
 
-def one(env: Counter, call) -> tuple[str, dict]:
+def one(env: toolgym.Stepper, call) -> tuple[str, dict]:
     result = env.step(call)
     assert len(result.messages) == 1
     return result.messages[0]["content"], result.info
@@ -155,7 +155,7 @@ def test_calls_after_done_are_errors(env):
     assert result.terminated
     assert result.messages[1]["content"].startswith("Error: the episode is over")
     assert result.info["failures"][0]["kind"] == "episode_over"
-    assert env.value == 1
+    assert env.unwrapped.value == 1
 
 
 def test_max_turns_truncates(env):
@@ -175,14 +175,14 @@ def test_reset_starts_a_clean_episode(env):
 
 
 def test_reset_ignores_columns_it_does_not_take():
-    env = Counter()
+    env = toolgym.as_environment(Counter())
     env.reset(start=2, prompt=[{"role": "user", "content": "hi"}], seed=1)
-    assert env.value == 2
+    assert env.unwrapped.value == 2
 
 
 def test_step_before_reset_is_a_programming_error():
     with pytest.raises(RuntimeError, match="reset"):
-        Counter().step(ToolCall("add", {"amount": 1}))
+        toolgym.as_environment(Counter()).step(ToolCall("add", {"amount": 1}))
 
 
 def test_async_tool_from_step_and_astep(env):
@@ -205,7 +205,7 @@ def test_astep_runs_sync_tools_off_the_event_loop():
             time.sleep(0.3)
             return "rested"
 
-    envs = [Sleepy() for _ in range(4)]
+    envs = [toolgym.as_environment(Sleepy()) for _ in range(4)]
     for env in envs:
         env.reset()
 
@@ -244,7 +244,7 @@ call_dicts = st.fixed_dictionaries(
 @settings(max_examples=200, deadline=None)
 @given(st.lists(call_dicts, max_size=4))
 def test_nothing_the_model_sends_raises(calls):
-    env = Counter()
+    env = toolgym.as_environment(Counter())
     env.reset()
     result = env.step(calls)
     assert len(result.messages) == len(calls)
@@ -266,7 +266,7 @@ class Dice(toolgym.Environment):
 
 
 def test_max_turns_set_by_reset_truncates():
-    env = Dice()
+    env = toolgym.as_environment(Dice())
     env.reset(turns=2, seed=0)
     results = [env.step(ToolCall("roll")) for _ in range(3)]
     assert [r.truncated for r in results] == [False, True, True]
@@ -279,17 +279,21 @@ def test_copies_and_pickles_step_on_their_own():
     import copy
     import pickle
 
-    env = Dice()
+    env = toolgym.as_environment(Dice())
     env.reset(turns=5, seed=3)
     env.step(ToolCall("roll"))
-    for twin in (copy.copy(env), copy.deepcopy(env), pickle.loads(pickle.dumps(env))):
-        assert twin.turn == 1 and twin.rolls == env.rolls
+    for twin in (copy.deepcopy(env), pickle.loads(pickle.dumps(env))):
+        assert twin.turn == 1 and twin.unwrapped.rolls == env.unwrapped.rolls
+        assert twin.unwrapped is not env.unwrapped
         twin.step(ToolCall("roll"))
         assert (twin.turn, env.turn) == (2, 1)  # the copy counted its own turn
+    fresh = toolgym.as_environment(copy.copy(env.unwrapped))  # an instance copied: a new Stepper
+    with pytest.raises(RuntimeError, match="reset"):
+        fresh.step(ToolCall("roll"))
 
 
 def test_turn_can_be_set_from_a_tool_or_reset():
-    env = Dice()
+    env = toolgym.as_environment(Dice())
     env.reset(seed=0)
     env.turn = 1
     assert env.step(ToolCall("roll")).truncated  # 2 turns: this was the last
@@ -321,7 +325,7 @@ def test_an_async_reset_is_awaited():
             """Act."""
             return "done"
 
-    assert Later().reset(seed=0) == "ready"
+    assert toolgym.as_environment(Later()).reset(seed=0) == "ready"
 
 
 class Quiz(toolgym.Environment):
@@ -345,7 +349,7 @@ class Quiz(toolgym.Environment):
 
 
 def test_a_tool_marked_as_the_answer_ends_the_episode_once_it_succeeds():
-    env = Quiz()
+    env = toolgym.as_environment(Quiz())
     env.reset()
     invalid = env.step(ToolCall("submit", {"answer": "many"}))  # an error is not an answer
     assert not invalid.terminated and invalid.info["answered"] is False

@@ -45,11 +45,15 @@ class Tricky(toolgym.Environment):
 
 
 def schema(name: str) -> dict:
-    return next(t["function"] for t in Tricky().tools if t["function"]["name"] == name)
+    return next(
+        t["function"]
+        for t in toolgym.as_environment(Tricky()).tools
+        if t["function"]["name"] == name
+    )
 
 
 def test_schema_in_openai_function_format():
-    tools = Tricky().tools
+    tools = toolgym.as_environment(Tricky()).tools
     assert {t["type"] for t in tools} == {"function"}
     assert sorted(t["function"]["name"] for t in tools) == ["pick", "search"]
     search = schema("search")
@@ -82,7 +86,7 @@ def test_choices_in_docstring_become_an_enum():
 
 
 def test_private_methods_and_base_api_are_not_tools():
-    names = {t["function"]["name"] for t in Tricky().tools}
+    names = {t["function"]["name"] for t in toolgym.as_environment(Tricky()).tools}
     assert "_helper" not in names
     for base_name in ("reset", "step", "astep", "close", "get_reward", "final_answer"):
         assert base_name not in names

@@ -42,23 +42,29 @@ class HarderBoard(HardBoard):
 
 def test_a_super_reset_chain_keeps_the_seed():
     for cls in (HardBoard, HarderBoard):
-        first, second = cls(), cls()
+        first, second = (toolgym.as_environment(cls()) for _ in range(2))
         assert first.reset(seed=0) == second.reset(seed=0)
-        assert first.target == second.target == (30 if cls is HarderBoard else 10)
+        assert (
+            first.unwrapped.target == second.unwrapped.target == (30 if cls is HarderBoard else 10)
+        )
         assert (
             first.step(toolgym.ToolCall("move")).messages
             == second.step(toolgym.ToolCall("move")).messages
         )
         assert first.reset(seed=1) != first.reset(seed=2)  # the seed still reaches it
-        assert cls().reset(seed=5) == cls().reset(seed=5)
+        assert toolgym.as_environment(cls()).reset(seed=5) == toolgym.as_environment(cls()).reset(
+            seed=5
+        )
 
 
 def test_a_seed_passed_to_super_reset_reseeds():
-    class Fixed(Board):
+    class Fixed(toolgym.Environment):
         def reset(self) -> str:
-            return super().reset(seed=7)
+            super().reset(seed=7)
+            return str(self.rng.random())
 
-    assert Fixed().reset(seed=0) == Fixed().reset(seed=1) == Board().reset(seed=7)
+    fixed = [toolgym.as_environment(Fixed()).reset(seed=seed) for seed in (0, 1)]
+    assert fixed[0] == fixed[1] == str(random.Random(7).random())
 
 
 # -- (a) the reward is read once, when the episode ends ----------------------------------------
@@ -162,14 +168,14 @@ def test_environment_subclasses_keep_per_step_changes_and_may_opt_out():
             self.reward += 1
             return "ok"
 
-    env = Counter()
+    env = toolgym.as_environment(Counter())
     env.reset(seed=0)
-    assert env.stepper.reward_per_step and env.step(toolgym.ToolCall("add")).reward == 1.0
+    assert env.reward_per_step and env.step(toolgym.ToolCall("add")).reward == 1.0
 
     class Verified(Counter):
         reward_per_step = False
 
-    env = Verified()
+    env = toolgym.as_environment(Verified())
     env.reset(seed=0)
     assert env.step(toolgym.ToolCall("add")).reward == 0.0 and env.get_reward() == 1.0
     assert "reward_per_step" not in {t["function"]["name"] for t in env.tools}
@@ -212,7 +218,7 @@ def test_a_none_reward_is_no_reward_not_a_type_error():
             """
             return message
 
-    env = PerStep()
+    env = toolgym.as_environment(PerStep())
     env.reset(seed=0)
     assert env.step(toolgym.ToolCall("echo", {"message": "hi"})).reward == 0.0
     assert env.get_reward() is None
@@ -478,7 +484,7 @@ def test_a_class_drawing_from_the_random_module_is_warned_at_first_reset():
         warnings.simplefilter("error")
         toolgym.as_environment(OwnGenerator()).reset(seed=0)
     with pytest.warns(UnseededRandomWarning, match=r"Drawer\.reset: random\.random"):
-        Drawer().reset(seed=0)
+        toolgym.as_environment(Drawer()).reset(seed=0)
 
 
 def test_opting_in_seeds_the_random_module_before_each_reset():
@@ -499,11 +505,11 @@ def test_opting_in_seeds_the_random_module_before_each_reset():
         def reset(self) -> None:
             self.value = random.random()
 
-    first, second = Drawer(), Drawer()
+    first, second = toolgym.as_environment(Drawer()), toolgym.as_environment(Drawer())
     first.reset(seed=0)
     random.random()
     second.reset(seed=0)
-    assert first.value == second.value
+    assert first.unwrapped.value == second.unwrapped.value
 
 
 # -- the same contract in a sandbox ------------------------------------------------------------
@@ -549,4 +555,4 @@ def test_an_environment_without_its_own_init_refuses_unknown_arguments():
 
     with pytest.raises(TypeError, match="unexpected keyword argument 'size'"):
         Plain(size=3)
-    assert Plain().reset(seed=0) == "ready"
+    assert toolgym.as_environment(Plain()).reset(seed=0) == "ready"

@@ -31,12 +31,14 @@ if TYPE_CHECKING:  # the public names: type checkers read them, and lazy_exports
     from toolgym.envs.core import Environment
     from toolgym.envs.inline import InlineStep
     from toolgym.envs.mcp import mcp
+    from toolgym.envs.openenv import openenv
     from toolgym.envs.stepping import Steppable, Stepper, as_environment
     from toolgym.envs.tools import ProtocolClashError, ToolSchemaError, ends_episode, hook
     from toolgym.gym import GymnasiumEnv
     from toolgym.registry import (
         EnvSpec,
         UnknownEnvironmentError,
+        env_factory,
         list_envs,
         make,
         register,

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from toolgym.envs.stepping import as_environment
+from toolgym.envs.stepping import Stepper, as_environment
 from toolgym.envs.tools import tool_table
 from toolgym.sandbox import sandboxed
 
@@ -33,6 +33,12 @@ if TYPE_CHECKING:
 
 ENTRY_POINT_GROUP = "toolgym.envs"
 _ID_PATTERN = re.compile(r"^(?:(?P<namespace>[\w-]+)/)?(?P<name>[\w.-]+?)(?:-v(?P<version>\d+))?$")
+
+LAZY_NAMESPACES = {"reasoning-gym": "toolgym.envs.reasoning_gym:register_tasks"}
+"""Namespaces of an optional package's tasks, registered while none of their ids is, the first
+time one is asked for or ids are listed (so `import toolgym` does not import the package): the
+hook is called with `register`, and raises ImportError naming the extra when the package is
+missing (`spec` lets it through, listing skips the namespace)."""
 
 EntryPoint = type | Callable[..., Any] | str
 DatasetBuilder = Callable[..., "datasets.Dataset | list[dict[str, Any]]"]
@@ -87,7 +93,7 @@ class EnvSpec:
         """The id under which gymnasium knows this environment."""
         return "toolgym/" + self.id.replace("/", ".")
 
-    def make(self, sandbox: Any = None, **overrides: Any) -> Any:
+    def make(self, sandbox: Any = None, **overrides: Any) -> Stepper:
         """A fresh instance with the spec's defaults updated by `overrides`, placed in
         `sandbox` (a backend name or object; default: the spec's `sandbox`)."""
         factory = _resolve(self.entry_point, what=f"entry point of {self.id}")
@@ -169,27 +175,67 @@ def spec(id: str) -> EnvSpec:
     found = _registry.get(id)
     if found is None:
         load_entry_points()
+        _load_namespaces(id.partition("/")[0] if "/" in id else "", required=True)
         found = _registry.get(id)
     if found is None:
         raise UnknownEnvironmentError(_unknown_id_message(id))
     return found
 
 
-def make(id: str | EnvSpec, sandbox: Any = None, **overrides: Any) -> Any:
+def make(id: str | EnvSpec, sandbox: Any = None, **overrides: Any) -> Stepper:
     """A new instance of a registered environment, with constructor `overrides`.
 
     `sandbox` places it: "local" (this process), "process" (a limited subprocess), "docker"
     (a container), "auto" (the strongest available), or a backend object; by default the
-    environment's registered choice. A sandboxed instance has the same tools and behaves the
-    same; it is a `toolgym.sandbox.RemoteEnvironment`.
+    environment's registered choice. What comes back is stepped (a `toolgym.Stepper`: `reset`,
+    `step`, `tools`; the instance itself is `env.unwrapped`); a sandboxed instance has the
+    same tools and behaves the same, as a `toolgym.sandbox.RemoteEnvironment`.
     """
     env_spec = id if isinstance(id, EnvSpec) else spec(id)
     return env_spec.make(sandbox=sandbox, **overrides)
 
 
+def env_factory(
+    target: str | type | Callable[..., Any] | list[Callable[..., Any]],
+    kwargs: dict[str, Any] | None = None,
+    sandbox: Any = None,
+) -> Callable[[], Stepper]:
+    """What makes one rollout's environment, from what a user names: a registered id, an
+    environment class, a factory returning an instance, or a list of tool functions. `kwargs`
+    go to the constructor (or the factory); `sandbox` places an id or a class (a backend name
+    or object; None: an id's registered choice, a class in this process). Unknown ids and
+    impossible placements fail here, before any environment is made. Used by `make`'s callers
+    alike: the trainer, the CLI and sandbox pools."""
+    options = dict(kwargs or {})
+    if isinstance(target, str):
+        spec(target)  # fail early on an unknown id
+        return lambda: make(target, sandbox=sandbox, **options)
+    if isinstance(target, type):
+        if sandbox in (None, "local"):
+            return lambda: as_environment(target(**options))
+        return lambda: sandboxed(target, options, sandbox)
+    if sandbox not in (None, "local"):
+        raise ValueError(
+            f"sandbox={sandbox!r} places an environment class or a registered id (a worker "
+            f"imports it by module and name), not {target!r}"
+        )
+    if isinstance(target, list):  # plain tool functions (checked by as_environment)
+        functions = list(target)
+        if options:
+            raise ValueError("constructor arguments do not apply to a list of functions")
+        return lambda: as_environment(functions)
+    if callable(target):
+        return lambda: as_environment(target(**options))
+    raise TypeError(
+        f"env must be an id, a class, a factory or a list of tool functions, not "
+        f"{type(target).__name__}"
+    )
+
+
 def list_envs(namespace: str | None = None) -> list[str]:
     """The registered ids (including entry points), sorted; optionally of one namespace."""
     load_entry_points()
+    _load_namespaces(namespace)
     return sorted(i for i, s in _registry.items() if namespace is None or s.namespace == namespace)
 
 
@@ -212,6 +258,18 @@ def load_entry_points(reload: bool = False) -> None:
                 f"toolgym: entry point {entry.name!r} = {entry.value!r} failed: {error!r}",
                 stacklevel=2,
             )
+
+
+def _load_namespaces(namespace: str | None, required: bool = False) -> None:
+    """Register the `LAZY_NAMESPACES` named (None: all) that have no id registered yet."""
+    for name, hook in LAZY_NAMESPACES.items():
+        if namespace not in (None, name) or any(i.startswith(f"{name}/") for i in _registry):
+            continue
+        try:
+            _resolve(hook, what=f"registration of {name}/")(register)
+        except ImportError:
+            if required:
+                raise
 
 
 def _resolve(target: Any, what: str) -> Callable[..., Any]:

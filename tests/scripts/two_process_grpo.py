@@ -39,13 +39,19 @@ class RecordingTrainer(GRPOTrainer):
             time.sleep(600)
         return super().training_step()
 
-    def _update(self, trajectories, advantages, used, used_everywhere):
-        self.seen = {
-            "rewards": [t.reward for t in trajectories],
-            "advantages": advantages.tolist(),
-            "used_everywhere": used_everywhere,
-        }
-        return super()._update(trajectories, advantages, used, used_everywhere)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        update = self.learner.update
+
+        def recording_update(trajectories, advantages, used, used_everywhere):
+            self.seen = {
+                "rewards": [t.reward for t in trajectories],
+                "advantages": advantages.tolist(),
+                "used_everywhere": used_everywhere,
+            }
+            return update(trajectories, advantages, used, used_everywhere)
+
+        self.learner.update = recording_update
 
 
 def main(output: Path, steps: int, resume: str | None, hang_at: int | None) -> None:

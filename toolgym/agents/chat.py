@@ -84,13 +84,13 @@ class ChatRenderer:
         self.end_of_turn, self.after_end_of_turn, self.end_opens_next_turn = (
             self._find_end_of_turn()
         )
-        self.end_of_turn_id = self._single_token_id(self.end_of_turn)
+        self.end_of_turn_id = _single_token_id(self, self.end_of_turn)
         self._check_calls_fit_in_one_turn()
         self.call_end = self._find_call_end()
-        self.call_end_id = self._single_token_id(self.call_end) if self.call_end else None
+        self.call_end_id = _single_token_id(self, self.call_end) if self.call_end else None
         stops = {self.end_of_turn_id, self.call_end_id, *_eos_ids(tokenizer)}
         if self.end_opens_next_turn:  # a final answer ends where the user's next turn opens
-            stops |= {self._single_token_id(t) for t in self._next_turn_openers()}
+            stops |= {_single_token_id(self, t) for t in self._next_turn_openers()}
         self.stop_token_ids = sorted(stop for stop in stops if stop is not None)
         self.prefix_report: PrefixReport = self._check(system)
         self.training_template: str | None = None
@@ -270,7 +270,7 @@ class ChatRenderer:
             PROBE_TOOLS,
         )
         tail = text[text.rindex(_PROBE_CONTENT) + len(_PROBE_CONTENT) :]
-        found = self._leading_special_token(tail)
+        found = _leading_special_token(self.tokenizer, tail)
         if found is not None:
             return found[0], found[1], False
         before_tool: list[Message] = [
@@ -281,7 +281,8 @@ class ChatRenderer:
         full = self.render(
             [*before_tool, {"role": "tool", "name": "lookup", "content": "v"}], PROBE_TOOLS
         )
-        found = self._leading_special_token(full[len(head) :]) if full.startswith(head) else None
+        after = full[len(head) :] if full.startswith(head) else None
+        found = None if after is None else _leading_special_token(self.tokenizer, after)
         if not tail.strip() and found is not None:
             return found[0], "", True
         raise TemplateError(
@@ -316,9 +317,8 @@ class ChatRenderer:
             text = self.render([*final, {"role": "user", "content": "u2"}], PROBE_TOOLS)
         except Exception:
             return set()
-        found = self._leading_special_token(
-            text[text.rindex(_PROBE_CONTENT) + len(_PROBE_CONTENT) :]
-        )
+        tail = text[text.rindex(_PROBE_CONTENT) + len(_PROBE_CONTENT) :]
+        found = _leading_special_token(self.tokenizer, tail)
         return {found[0]} if found else set()
 
     def _find_call_end(self) -> str | None:
@@ -351,19 +351,21 @@ class ChatRenderer:
         # the template writes only after a final message).
         return last if head.endswith(last) and full.startswith(head) else None
 
-    def _leading_special_token(self, text: str) -> tuple[str, str] | None:
-        """The special token `text` starts with (after whitespace), and what follows it."""
-        stripped = text.lstrip()
-        for token in sorted(self.tokenizer.all_special_tokens, key=len, reverse=True):
-            if stripped.startswith(token):
-                return token, stripped[len(token) :]
-        return None
 
-    def _single_token_id(self, token: str) -> int:
-        ids = self.encode(token)
-        if len(ids) != 1:
-            raise TemplateError(f"end-of-turn {token!r} is not a single token: {ids}")
-        return ids[0]
+def _leading_special_token(tokenizer: Any, text: str) -> tuple[str, str] | None:
+    """The special token `text` starts with (after whitespace), and what follows it."""
+    stripped = text.lstrip()
+    for token in sorted(tokenizer.all_special_tokens, key=len, reverse=True):
+        if stripped.startswith(token):
+            return token, stripped[len(token) :]
+    return None
+
+
+def _single_token_id(renderer: ChatRenderer, token: str) -> int:
+    ids = renderer.encode(token)
+    if len(ids) != 1:
+        raise TemplateError(f"end-of-turn {token!r} is not a single token: {ids}")
+    return ids[0]
 
 
 def _encoder(tokenizer: Any) -> Any:

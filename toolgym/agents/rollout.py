@@ -401,9 +401,8 @@ class Episode:
                 f"{len(calls)} tool calls in one turn; at most "
                 f"{limits.max_tool_calls_per_turn} (AgentLimits.max_tool_calls_per_turn)",
             )
-        stepper = _own_stepper(self.env)
-        if stepper is not None:
-            work = stepper.astep(
+        if isinstance(self.env, Stepper):
+            work = self.env.astep(
                 calls, call_timeout=limits.tool_call_timeout, turn_timeout=limits.tool_timeout
             )
             # the Stepper keeps the limits; this one only stops an event loop held too long
@@ -501,19 +500,6 @@ class Episode:
         trajectory.metrics = self.metrics
         trajectory.row = {k: v for k, v in self.row.items() if _is_plain(v)}
         return trajectory
-
-
-def _own_stepper(env: Any) -> Stepper | None:
-    """The `Stepper` that steps `env` (itself, or an `Environment`'s own) when `env` does
-    not step some other way (an `astep` of its own), else None."""
-    if isinstance(env, Stepper):
-        return env
-    stepper = getattr(env, "stepper", None)
-    if isinstance(stepper, Stepper) and getattr(type(env).astep, "__qualname__", "") == (
-        "Environment.astep"
-    ):
-        return stepper
-    return None
 
 
 def _prompt_messages(prompt: Any, first_observation: str | None) -> list[dict[str, Any]]:

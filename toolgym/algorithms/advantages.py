@@ -16,6 +16,8 @@ from collections.abc import Sequence
 
 import torch
 
+from toolgym.agents.trajectory import Trajectory
+
 
 def group_advantages(
     rewards: Sequence[float],
@@ -67,3 +69,12 @@ def group_advantages(
         raise ValueError(f"unknown scale {scale!r}")
     advantages = torch.where(used, advantages, torch.zeros_like(advantages))
     return advantages.flatten().float(), used.flatten()
+
+
+def trainable(trajectory: Trajectory, mask_truncated: bool = False) -> bool:
+    """Whether an episode takes part in the update: it did not fail for a reason outside the
+    model (`Trajectory.failed`), it sampled tokens, and, with `mask_truncated`, it was not
+    cut off by a length or turn limit."""
+    if trajectory.failed or not any(s.completion_ids for s in trajectory.samples):
+        return False
+    return not (mask_truncated and trajectory.status in ("length", "max_turns"))

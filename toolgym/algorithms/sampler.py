@@ -24,6 +24,7 @@ from toolgym.agents.rollout import Agent
 from toolgym.agents.trajectory import Trajectory
 from toolgym.algorithms.config import GRPOConfig
 from toolgym.algorithms.rewards import RewardFunc, compute_rewards, step_reward_total
+from toolgym.algorithms.sft import demonstrations
 from toolgym.algorithms.stages import StageClock
 from toolgym.envs.calls import close_all
 
@@ -116,6 +117,21 @@ class Sampler:
         finally:
             close_all(envs)
 
+    def demonstrations(self, rows: Sequence[Row]) -> list[Trajectory]:
+        """The environment's expert episodes of `rows` (seed = each row's index), rendered
+        as the agent renders its own (template, parser, per-turn samples), for a warm-up."""
+        renderer = self.agent.renderer
+        return demonstrations(
+            self.make_env,
+            [dict(r) for r in rows],
+            renderer.tokenizer,
+            seeds=list(range(len(rows))),
+            parser=self.args.parser,
+            chat_template=renderer.chat_template,  # a training template, if chosen
+            chat_template_kwargs=self.args.chat_template_kwargs,
+            per_turn=renderer.per_turn,
+        )
+
     def step_rows(self, step: int) -> tuple[list[Row], list[int]]:
         """Step `step`'s rows, each repeated `num_generations` times, and one seed per group."""
         count, group = self.args.prompts_per_step, self.args.num_generations
@@ -165,3 +181,19 @@ class Sampler:
                 for name, values in sources.items()
             }
         return sources
+
+
+def training_agent(args: GRPOConfig, engine: Any, tokenizer: Any) -> Agent:
+    """The agent playing a run's rollouts: the engine, the template choices, the limits and
+    the training sampling settings."""
+    return Agent(
+        engine,
+        tokenizer,
+        parser=args.parser,
+        chat_template=args.chat_template,
+        chat_template_kwargs=args.chat_template_kwargs,
+        per_turn=args.per_turn,
+        limits=args.limits,
+        sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p),
+        batch_wait=args.batch_wait,
+    )

@@ -20,10 +20,11 @@ import resource
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -159,3 +160,25 @@ def _resettable() -> bool:
     except OSError:
         return False
     return _status_kib("VmHWM") is not None
+
+
+class StepBudget:
+    """A time budget for training steps (`max_seconds`), measured from the first step of a
+    `train()` call: a step is not started if, at the mean step time so far, it would end past
+    the budget."""
+
+    def __init__(self, max_seconds: float | None, first_step: int) -> None:
+        self.max_seconds, self.first_step = max_seconds, first_step
+        self.started = time.perf_counter()
+
+    def over(self, step: int, current: int, gather: Callable[[list[Any]], list[Any]]) -> str:
+        """Why step `step` would end past the budget, `current` steps done in all ("" if it
+        would not, or there is no budget); `gather` shares the clocks of all processes (the
+        slowest decides)."""
+        done = current - self.first_step
+        if self.max_seconds is None or done == 0:
+            return ""
+        elapsed = max(gather([time.perf_counter() - self.started]))
+        if elapsed + elapsed / done * (step - current + 1) > self.max_seconds:
+            return f"max_seconds ({self.max_seconds:.0f} s): {done} steps in {elapsed:.0f} s"
+        return ""

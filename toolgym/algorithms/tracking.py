@@ -3,9 +3,56 @@
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from toolgym.agents.trajectory import summarize
+
+if TYPE_CHECKING:
+    import torch
+
+    from toolgym.algorithms.config import GRPOConfig
+
+
+def step_metrics(
+    everyone: list[tuple[float, bool]],
+    outcomes: list[dict[str, Any]],
+    sources: dict[str, list[float]],
+    used: torch.Tensor,
+    args: GRPOConfig,
+) -> dict[str, Any]:
+    """A training step's logged figures: reward, success rate, turns, calls, statuses, the
+    reward's sources and the environment's metrics, from every process's episodes
+    (`everyone`: (reward, valid) per episode; `outcomes`: `trajectory.outcome` per episode)."""
+    rewards = [r for r, _ in everyone]
+    summary = summarize(outcomes, args.success_threshold)
+    metrics: dict[str, Any] = {
+        "reward": summary["reward"],
+        "reward_std": statistics.pstdev(rewards),
+        "success_rate": summary["success_rate"],
+        "excluded": sum(not v for _, v in everyone),
+        "groups_without_signal": groups_without_signal(rewards, used, args.num_generations),
+        **{k: summary[k] for k in ("turns", "tool_calls", "tool_failures", "statuses")},
+    }
+    for name, values in sources.items():
+        finite = [v for v in values if not math.isnan(v)]
+        if finite and len(sources) > 1:
+            metrics[f"rewards/{name}"] = statistics.fmean(finite)
+    metrics.update({f"env/{name}": value for name, value in summary["env"].items()})
+    return metrics
+
+
+def groups_without_signal(rewards: list[float], used: torch.Tensor, size: int) -> int:
+    """Groups whose valid members all got the same reward (no gradient from them)."""
+    count = 0
+    for start in range(0, len(rewards), size):
+        members = zip(rewards[start : start + size], used[start : start + size], strict=True)
+        values = {r for r, u in members if u}
+        count += len(values) <= 1
+    return count
 
 
 class MetricsLog:
@@ -138,3 +185,30 @@ def smoothed(values: Sequence[float], weight: float = 0.8) -> list[float]:
         average = weight * average + (1 - weight) * value
         out.append(average / (1 - weight**count))
     return out
+
+
+class Progress:
+    """A tqdm bar of steps when `enabled`, else nothing; `advance(**figures)` either way (a
+    context manager that closes the bar)."""
+
+    def __init__(self, enabled: bool, desc: str, total: int | None, start: int = 0) -> None:
+        self._bar: Any = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total, initial=start, desc=desc, unit="step")
+
+    def advance(self, **figures: float) -> None:
+        """One step, with its figures beside the bar (`success` as a percentage)."""
+        if self._bar is not None:
+            self._bar.update(1)
+            self._bar.set_postfix(
+                {k: f"{v:.0%}" if k == "success" else f"{v:.3g}" for k, v in figures.items()}
+            )
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.close()

@@ -18,7 +18,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ import torch
 
 from toolgym.agents.trajectory import Trajectory
 from toolgym.algorithms.config import SFTConfig
+from toolgym.algorithms.stages import StageClock
 
 FORMAT = 1
 
@@ -102,3 +103,29 @@ def store_warmup(folder: Path, key: str, model: Any, losses: list[float]) -> Pat
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return entry
+
+
+def cached_warmup(
+    train: Callable[[], list[float]],
+    policy: Any,
+    demos: Sequence[Trajectory],
+    config: SFTConfig,
+    cache_dir: Path | None,
+    stages: StageClock,
+) -> tuple[list[float], Path | None]:
+    """The warm-up's step losses: `train()` run on `policy`, or its result loaded from
+    `cache_dir` when an entry for the same start, demonstrations and settings is there (a
+    new result is stored); also the entry that was loaded (None when `train` ran)."""
+    if cache_dir is None:
+        with stages.stage("warm-up"):
+            return train(), None
+    with stages.stage("warm-up cache"):
+        key = warmup_key(policy, demos, config)
+        losses = load_warmup(cache_dir, key, policy)
+    if losses is not None:
+        return losses, cache_dir / "warmup" / key
+    with stages.stage("warm-up"):
+        losses = train()
+    with stages.stage("warm-up cache"):
+        store_warmup(cache_dir, key, policy, losses)
+    return losses, None

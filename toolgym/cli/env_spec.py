@@ -53,17 +53,9 @@ class ResolvedEnv:
 
     def make(self, sandbox: str | None = None, **kwargs: Any) -> Any:
         """A fresh instance (in `sandbox` for an id or a class: "local", "process", ...)."""
-        from toolgym.envs.stepping import as_environment
-
-        if isinstance(self.target, str):
-            return toolgym.make(self.target, sandbox=sandbox, **kwargs)
-        if sandbox in (None, "local"):
-            return as_environment(self.target(**kwargs))
-        if not isinstance(self.target, type):
+        if sandbox not in (None, "local") and not isinstance(self.target, str | type):
             raise CLIError(f"{self.spec}: --sandbox {sandbox} needs an environment class")
-        from toolgym.sandbox import sandboxed
-
-        return sandboxed(self.target, kwargs, sandbox)
+        return toolgym.env_factory(self.target, kwargs, sandbox)()
 
     def trainer_env(self, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any] | None]:
         """(`env`, `env_kwargs`) for `GRPOTrainer`: a factory gets its arguments bound."""

@@ -44,7 +44,7 @@ from typing import Any, TextIO
 from toolgym.envs.calls import Demonstration, ToolCall, ToolResult
 from toolgym.envs.inline import InlineStep
 from toolgym.envs.mcp_session import MCPSession, Server, is_url, server_argv
-from toolgym.envs.stepping import Stepper
+from toolgym.envs.stepping import Executor, Stepper
 from toolgym.envs.tools import Tool, ToolArgumentError, render_result
 
 
@@ -193,7 +193,7 @@ def mcp(
     )
 
 
-class MCPEnvironment:
+class MCPEnvironment(Executor):
     """The executor of one environment instance over an MCP server (wrapped in a `Stepper`
     by `MCP.__call__`): a session per episode, the server's tools, the reward sources."""
 

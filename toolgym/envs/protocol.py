@@ -85,13 +85,10 @@ HOOKS: dict[str, Hook] = {
     )
 }
 
-STEPPER_NAMES = frozenset(
-    {"reset", "step", "astep", "ainline_step", "tools", "rng", "turn", "truncated", "stepper"}
-)
-"""Names an `Environment` answers through its `Stepper` (and `reset`): on a plain class they
-belong to the Stepper, never to the instance, so a plain method of such a name is a tool."""
+BASE_NAMES = frozenset({"reset", "rng"})
+"""The rest of `Environment`'s public names: the episode's start and its seeded generator."""
 
-RESERVED_NAMES = frozenset(HOOKS) | STEPPER_NAMES
+RESERVED_NAMES = frozenset(HOOKS) | BASE_NAMES
 """Names of the environment protocol: never tools on `Environment` subclasses."""
 
 TRL_NOT_TOOLS = frozenset({"reset", "get_reward"})

@@ -94,7 +94,7 @@ def _functions(value: Any) -> list[types.FunctionType]:
         value = value.__func__
     if isinstance(value, property):
         return [f for f in (value.fget, value.fset) if inspect.isfunction(f)]
-    value = inspect.unwrap(value) if callable(value) else value  # Environment wraps `reset`
+    value = inspect.unwrap(value) if callable(value) else value  # a decorated method
     return [value] if inspect.isfunction(value) else []
 
 

@@ -14,7 +14,6 @@ sandbox room's `RemoteExecutor` in a worker process or a container.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Iterable
 from typing import Any, Protocol
@@ -34,6 +33,7 @@ from toolgym.envs.calls import (
     as_episode_metrics,
     run_coroutine,
 )
+from toolgym.envs.core import begin_episode
 from toolgym.envs.functions import function_tools, is_function_list
 from toolgym.envs.inline import InlineStep, as_inline_step
 from toolgym.envs.seeding import global_random_seeded, warn_if_unseedable
@@ -49,9 +49,9 @@ from toolgym.envs.tools import (
 
 
 class Steppable(Protocol):
-    """The environment protocol: what `as_environment` returns and the agent loop plays. An
-    `Environment` is one (it steps through its own `Stepper`), a `Stepper` over any executor
-    is one (plain classes, sandboxed instances), and so is any object that provides these.
+    """The environment protocol: what `make` and `as_environment` return and the agent loop
+    plays. A `Stepper` over any executor is one (an `Environment`, a plain class, a sandboxed
+    instance), and so is any object that provides these.
     The hooks an environment may also have (`inline_markers`, `truncated`) are read where
     present (`toolgym.envs.protocol`)."""
 
@@ -183,18 +183,20 @@ class LocalExecutor(Executor):
         self.instance.max_turns = value
 
     def reset(self, row: dict[str, Any]) -> str | None:
-        """Call the instance's `reset` with the columns it accepts (a plain class's `done`
-        is cleared first, as an `Environment` clears its own)."""
+        """Start the episode (`toolgym.envs.core.begin_episode`: an `Environment`'s `rng`
+        seeded, its `reward` and any instance's `done` cleared), then call the instance's
+        `reset` with the columns it accepts."""
         self.begin_episode()
-        if hasattr(self.instance, "done"):
-            with contextlib.suppress(AttributeError):  # a read-only property
-                self.instance.done = False
+        begin_episode(self.instance, row.get("seed"))  # seeded and clean before its reset
         with global_random_seeded(self.target, row.get("seed")):  # where the class asked
             return _resolved(self.instance.reset(**accepted_kwargs(self.instance.reset)(row)))
 
     def begin_episode(self) -> None:
         """Forget the last episode's answer (`reset`, and `Stepper.begin_episode`)."""
         self.answered = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_tools": None}  # a cache of schema classes: built again
 
     def tool_table(self) -> dict[str, Tool]:
         """The instance's tools (`instance_tools`: its class's, and tools it bound itself in
@@ -324,6 +326,12 @@ class Stepper:
         self._began_over = False
         """The step being run began after the episode was over."""
 
+    @property
+    def unwrapped(self) -> Any:
+        """The environment instance this Stepper steps (`env.unwrapped.answer`); None for a
+        sandboxed one, which lives in another process."""
+        return getattr(self.executor, "instance", None)
+
     # -- the episode ---------------------------------------------------------------------------
     def reset(self, seed: int | None = None, **row: Any) -> str | None:
         """Start an episode from a dataset row's columns (only those the environment's `reset`
@@ -336,7 +344,7 @@ class Stepper:
         return None if observation is None else str(observation)
 
     def begin_episode(self) -> None:
-        """Clear the turn count (called by `reset`, and by `Environment.reset` itself)."""
+        """Clear the turn count and the last episode's end (called by `reset`)."""
         self.turn, self.truncated, self.answered, self.started = 0, False, False, True
         self.ended, self._final_reward = None, None
         begin = getattr(self.executor, "begin_episode", None)
@@ -368,12 +376,10 @@ class Stepper:
 
     @property
     def reward_per_step(self) -> bool:
-        """Whether the class asks for per-step rewards (its `reward_per_step`: True on
-        `toolgym.Environment`, whose tools set a plain `reward` attribute; False for a plain
-        class, as in TRL). With them, the reward is read before and after every step and a
-        `StepResult` carries the change; without them, it is read only when asked (the agent
-        reads it once, when the episode ends) or at the step that ends the episode, so a lazy
-        or cached `reward` (computed on first access) is not frozen before the model acts."""
+        """Whether the class asks for per-step rewards (`Environment.reward_per_step`; False
+        for a plain class, as in TRL): with them, each `StepResult` carries the reward's
+        change; without, the reward is read only when asked or at the step that ends the
+        episode, so a lazy `reward` (computed on first access) is not frozen early."""
         return bool(getattr(self.executor.target, "reward_per_step", False))
 
     @property
@@ -565,22 +571,12 @@ class Stepper:
         done = self.done
         if self.max_turns is not None and self.turn >= self.max_turns and not done:
             self.truncated = not self.answered
-        failures = [r for r in results if not r.ok]
-        info = {
-            "turn": self.turn,
-            "tool_calls": len(results),
-            "tool_failures": len(failures),
-            "failures": [{"kind": r.failure, "message": r.content} for r in failures],
-            "answered": self.answered,
-            "ended": None if self.ended is None else self.ended[0],
-            "error": None if self.ended is None else self.ended[1],
-        }
         return StepResult(
             messages=[r.message for r in results],
             reward=self._step_reward(reward_before),
             terminated=done or self.answered or self.ended is not None,
             truncated=self.truncated,
-            info=info,
+            info=_step_info(results, self.turn, self.answered, self.ended),
             results=results,
         )
 
@@ -600,24 +596,47 @@ class Stepper:
                     "episode_over",
                 )
             return _episode_over(call)
-        table = self.table
-        tool = table.get(call.name)
-        if tool is None:
-            available = ", ".join(t.signature for t in table.values()) or "none"
-            return ToolResult(
-                call,
-                f"Error: unknown tool '{call.name}'. Available tools: {available}.",
-                "unknown_tool",
-            )
-        try:
-            arguments = tool.validate(decode_arguments(call.arguments))
-        except ToolArgumentError as error:
-            return ToolResult(
-                call,
-                f"Error: invalid arguments for {call.name}: {error}. Expected: {tool.signature}.",
-                "invalid_arguments",
-            )
-        return call, arguments
+        return checked_call(call, self.table)
+
+
+def _step_info(
+    results: list[ToolResult], turn: int, answered: bool, ended: tuple[str, str] | None
+) -> dict[str, Any]:
+    """A `StepResult`'s `info`: the turn, the calls and their failures, and how it ended."""
+    failures = [r for r in results if not r.ok]
+    return {
+        "turn": turn,
+        "tool_calls": len(results),
+        "tool_failures": len(failures),
+        "failures": [{"kind": r.failure, "message": r.content} for r in failures],
+        "answered": answered,
+        "ended": None if ended is None else ended[0],
+        "error": None if ended is None else ended[1],
+    }
+
+
+def checked_call(
+    call: ToolCall, table: dict[str, Tool]
+) -> ToolResult | tuple[ToolCall, dict[str, Any]]:
+    """The call and its arguments checked against the tool table, or the error result the
+    model reads (an unknown tool names the available ones; bad arguments, the signature)."""
+    tool = table.get(call.name)
+    if tool is None:
+        available = ", ".join(t.signature for t in table.values()) or "none"
+        return ToolResult(
+            call,
+            f"Error: unknown tool '{call.name}'. Available tools: {available}.",
+            "unknown_tool",
+        )
+    try:
+        arguments = tool.validate(decode_arguments(call.arguments))
+    except ToolArgumentError as error:
+        return ToolResult(
+            call,
+            f"Error: invalid arguments for {call.name}: {error}. Expected: {tool.signature}.",
+            "invalid_arguments",
+        )
+    return call, arguments
 
 
 def _call_limit(
@@ -644,18 +663,16 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def as_environment(obj: Any) -> Steppable:
-    """What the agent and trainers step: a `Stepper` (or an `Environment`, which steps through
-    its own) as it is; a list of plain tool functions as a stateless environment
-    (`toolgym.envs.functions`); any other object with `reset` and public methods, in a
-    `Stepper`. The
-    tool table is built here, from the instance (tools it bound in `__init__` included), so a
-    method that cannot be a tool, or that clashes with a protocol hook, fails now, naming it."""
+def as_environment(obj: Any) -> Stepper:
+    """What the agent and trainers step: a `Stepper` as it is; a list of plain tool functions
+    as a stateless environment (`toolgym.envs.functions`); an `Environment` or any other object
+    with `reset` and public methods, in a `Stepper`. The tool table is built here, from the
+    instance (tools it bound in `__init__` included), so a method that cannot be a tool, or
+    that clashes with a protocol hook, fails now, naming it."""
     if isinstance(obj, Stepper):
         return obj
     if is_function_list(obj):  # plain tool functions, as TRL's `tools=[...]`
         obj = function_tools(obj)
-    own = getattr(obj, "stepper", None)
-    stepper = own if isinstance(own, Stepper) else Stepper(LocalExecutor(obj))
+    stepper = Stepper(LocalExecutor(obj))
     stepper.table  # noqa: B018 (built now, from the instance: a bad method fails here)
-    return obj if stepper is own else stepper
+    return stepper

@@ -19,6 +19,7 @@ from typing import Any
 
 from toolgym.envs.calls import ToolCall, ToolError
 from toolgym.envs.core import Environment
+from toolgym.envs.stepping import Stepper
 
 GREEN, YELLOW, GRAY = "G", "Y", "-"
 COLOUR_NAMES = {GREEN: "green", YELLOW: "yellow", GRAY: "gray"}
@@ -208,11 +209,12 @@ class WordleExpert:
             return max(remaining, key=lambda w: _split_entropy(w, remaining))
         return self._by_letter_frequency(remaining)
 
-    def play(self, env: Wordle) -> list[tuple[str, str]]:
-        """Play the current episode of `env` to its end; returns (guess, feedback text) pairs."""
+    def play(self, env: Stepper) -> list[tuple[str, str]]:
+        """Play the current episode of `env` (a stepped Wordle, as `toolgym.make` returns) to
+        its end; returns (guess, feedback text) pairs."""
         moves = []
         while not env.done and not env.truncated:
-            word = self.next_guess(env.history)
+            word = self.next_guess(env.unwrapped.history)
             result = env.step({"name": "guess", "arguments": {"word": word}})
             moves.append((word, result.messages[0]["content"]))
         return moves

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from toolgym.envs.stepping import as_environment
+from toolgym.envs.stepping import Stepper, as_environment
 
 if TYPE_CHECKING:
     from toolgym.sandbox.remote import Backend
@@ -55,7 +55,7 @@ def strongest_backend() -> Backend:
 
 def sandboxed(
     target: type, kwargs: dict[str, Any] | None = None, where: str | Backend = "auto", **options
-) -> Any:
+) -> Stepper:
     """An instance of the environment class `target` placed by `where` (see `backend`);
     `options` go to `RemoteEnvironment` (call_timeout, start_timeout)."""
     chosen = backend(where)

@@ -1,0 +1,68 @@
+"""The engine a trainer samples with, built from `GRPOConfig.engine`.
+
+`"hf"` samples from the policy itself (transformers); `"vllm"` and `"vllm-server"` get a copy
+of its weights, written once to `folder` (LoRA adapters merged) and updated after each step.
+What an engine can do is read from it (`toolgym.agents.engines.base.capabilities`), never
+from which class it is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from toolgym.agents.engines.base import capabilities
+from toolgym.algorithms.config import GRPOConfig
+from toolgym.algorithms.weights import policy_state_dict, save_policy
+
+ENGINES = ("hf", "vllm", "vllm-server")
+"""The names `GRPOConfig.engine` takes."""
+
+
+def make_engine(
+    args: GRPOConfig, policy: Any, tokenizer: Any, folder: Path, eval_rows: list[Any]
+) -> Any:
+    """The engine `args.engine` names, sampling with `policy`'s weights; a vLLM engine's KV
+    cache on the CPU holds a step's episodes (or an evaluation's rows) at their longest."""
+    if args.engine == "hf":
+        from toolgym.agents.engines.hf import HFEngine
+
+        return HFEngine(policy, tokenizer)
+    if args.engine not in ENGINES:
+        raise ValueError(f"unknown engine {args.engine!r}; one of {', '.join(ENGINES)}")
+    save_policy(policy, folder)  # LoRA adapters merged: vLLM loads the base model
+    tokenizer.save_pretrained(folder)
+    if args.engine == "vllm":
+        from toolgym.agents.engines.vllm import VLLMEngine
+
+        # The policy's own dtype: vLLM's "auto" would serve a float32 model in 16 bits, so
+        # sampling logprobs would drift from the trainer's.
+        dtype = str(policy.dtype).removeprefix("torch.")
+        in_flight = max(args.prompts_per_step * args.num_generations, len(eval_rows))
+        tokens = args.kv_cache_tokens or in_flight * (args.limits.max_episode_tokens + 256)
+        kv = {} if torch.cuda.is_available() else {"kv_cache_tokens": tokens}
+        quiet = {} if args.verbose else {"use_tqdm_on_load": False}
+        return VLLMEngine(str(folder), dtype=dtype, seed=args.seed, **kv, **quiet)
+    from toolgym.agents.engines.server import VLLMServerEngine
+
+    return VLLMServerEngine(args.vllm_server_url, weights_dir=str(folder))
+
+
+def check_pipelining(args: GRPOConfig, engine: Any) -> None:
+    """Refuse `max_staleness` with an engine that shares the policy's weights."""
+    if args.max_staleness and not capabilities(engine).own_weights:
+        raise ValueError(
+            "max_staleness > 0 plays rollouts while the update runs, which needs an engine "
+            "with its own copy of the weights: engine='vllm' or 'vllm-server'"
+        )
+
+
+def sync_weights(engine: Any, policy: Any) -> None:
+    """Give `engine` the policy's current weights: the model itself where it samples from it
+    (transformers), else its state dict with any LoRA adapters merged (vLLM)."""
+    if capabilities(engine).update_with == "model":
+        engine.update_weights(policy)
+    else:
+        engine.update_weights(policy_state_dict(policy))

@@ -1,0 +1,254 @@
+"""The learner: the part of training that owns the policy's weights.
+
+It holds the model (prepared by accelerate), the optimizer and its schedule, the frozen
+reference model of the KL term, and checkpoints. It takes played episodes with their
+advantages and makes one optimizer step; it knows nothing of engines, agents or
+environments (`toolgym.algorithms.sampler` plays the episodes, `GRPOTrainer` joins the two).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import gather_object
+from transformers import get_scheduler
+
+from toolgym.agents.trajectory import Trajectory
+from toolgym.algorithms.batch import collate, training_samples
+from toolgym.algorithms.checkpoint import load_checkpoint, save_checkpoint, save_random_states
+from toolgym.algorithms.config import GRPOConfig, SFTConfig
+from toolgym.algorithms.losses import (
+    StepNormalizer,
+    compile_by_default,
+    policy_loss,
+    token_logprobs,
+)
+from toolgym.algorithms.sft import warmup_sft
+from toolgym.algorithms.stages import StageClock
+from toolgym.algorithms.warmup_cache import cached_warmup
+
+
+class Learner:
+    """The policy and its optimizer: one update per batch of scored episodes.
+
+    Args:
+        model: A transformers causal LM (LoRA adapters and gradient checkpointing are added
+            here when `args` asks for them).
+        args: The run's configuration (optimizer, loss and batching fields).
+        accelerator: The processes' group; the model and optimizer are prepared with it.
+        pad_id: The token that pads micro-batches.
+    """
+
+    def __init__(self, model: Any, args: GRPOConfig, accelerator: Accelerator, pad_id: int):
+        self.args, self.accelerator, self.pad_id = args, accelerator, pad_id
+        if args.lora is not None:
+            model = _with_lora(model, args.lora)
+        if args.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        self.ref_model = frozen_copy(model) if args.beta > 0 else None
+        """The policy the KL term anchors to (None without one: `beta` 0)."""
+        optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=args.learning_rate,
+            betas=args.adam_betas,
+            weight_decay=args.weight_decay,
+        )
+        self.scheduler = get_scheduler(
+            args.lr_scheduler, optimizer, args.warmup_steps, args.max_steps
+        )
+        self.model, self.optimizer = accelerator.prepare(model, optimizer)
+
+    @property
+    def policy(self) -> Any:
+        """The model without accelerate's wrapping (what is saved and synced to engines)."""
+        return self.accelerator.unwrap_model(self.model)
+
+    def anchor_reference(self) -> None:
+        """Make the KL term's reference the current policy (after a warm-up)."""
+        if self.ref_model is not None:
+            self.ref_model = frozen_copy(self.policy)
+
+    def warm_up(
+        self,
+        demos: list[Trajectory],
+        config: SFTConfig,
+        cache_dir: Path | None,
+        stages: StageClock,
+        on_step: Callable[[int, float], None] | None = None,
+    ) -> tuple[list[float], Path | None]:
+        """Supervised fine-tuning on `demos` (`toolgym.algorithms.sft`), or its result loaded
+        from `cache_dir` (`toolgym.algorithms.warmup_cache`); then the KL term's reference
+        is the warmed policy. Returns the step losses and the cache entry loaded (or None)."""
+        result = cached_warmup(
+            lambda: warmup_sft(self.policy, demos, self.pad_id, config, on_step=on_step),
+            self.policy,
+            demos,
+            config,
+            cache_dir,
+            stages,
+        )
+        self.policy.eval()
+        self.anchor_reference()
+        return result
+
+    # -- the update -------------------------------------------------------------------------
+    def update(
+        self,
+        trajectories: list[Trajectory],
+        advantages: torch.Tensor,
+        used: torch.Tensor,
+        used_everywhere: int,
+    ) -> dict[str, float]:
+        """One optimizer step over this process's trajectories, in micro-batches of similar
+        lengths (less padding; the step's loss does not depend on the grouping); returns the
+        loss's figures averaged over micro-batches and passes."""
+        args = self.args
+        size = args.micro_batch_size
+        rows = training_samples(trajectories, advantages, used, args.step_rewards == "tokens")
+        rows.sort(key=lambda row: row.length)  # stable: ties keep their order
+        batches = [
+            collate(rows[i : i + size], self.pad_id).to(self.accelerator.device)
+            for i in range(0, len(rows), size)
+        ]
+        tokens = float(sum(self.gather([sum(float(b.loss_mask[:, 1:].sum()) for b in batches)])))
+        normalizer = StepNormalizer(
+            sequences=used_everywhere,
+            tokens=tokens,
+            micro_batches=len(batches) * self.accelerator.num_processes,
+            max_tokens=args.limits.max_episode_tokens,
+        )
+        old = self._old_logprobs(batches) if args.num_iterations > 1 else [None] * len(batches)
+        self.model.train()
+        totals: Counter[str] = Counter()
+        for iteration in range(args.num_iterations):
+            passed: Counter[str] = Counter()  # figures summed over micro-batches
+            for batch, old_logprobs in zip(batches, old, strict=True):
+                passed.update(self._micro_step(batch, normalizer, old_logprobs))
+            if args.max_grad_norm:
+                grad_norm = self.accelerator.clip_grad_norm_(
+                    self.model.parameters(), args.max_grad_norm
+                )
+                passed["grad_norm"] = float(grad_norm) * len(batches)  # type: ignore[assignment]
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            if args.num_iterations > 1:
+                passed[f"clip_fraction/pass{iteration + 1}"] = passed["clip_fraction"]
+            totals.update(passed)
+        self.scheduler.step()
+        self.model.eval()
+        return {k: v / len(batches) / args.num_iterations for k, v in totals.items()} | {
+            k: v / len(batches) for k, v in totals.items() if k.startswith("clip_fraction/")
+        }
+
+    @property
+    def learning_rate(self) -> float:
+        """The schedule's current learning rate."""
+        return float(self.scheduler.get_last_lr()[0])
+
+    def _old_logprobs(self, batches: list[Any]) -> list[torch.Tensor]:
+        """The policy's logprobs before this step's first pass: the ratio's denominator."""
+        self.model.eval()
+        with torch.no_grad():
+            return [self._logprobs(self.model, batch) for batch in batches]
+
+    def _logprobs(self, model: Any, batch: Any) -> torch.Tensor:
+        args = self.args
+        with torch.autocast(batch.input_ids.device.type, torch.bfloat16, enabled=args.bf16):
+            return token_logprobs(
+                model,
+                batch.input_ids,
+                batch.attention_mask,
+                args.logprob_chunk_size,
+                args.temperature,
+                compiled=compile_by_default(args.compile_logprobs, batch.input_ids.device),
+            )
+
+    def _micro_step(
+        self, batch: Any, normalizer: StepNormalizer, old_logprobs: torch.Tensor | None
+    ) -> dict[str, float]:
+        """Forward and backward of one micro-batch; `old_logprobs` None: this pass's own
+        (detached), i.e. a single pass."""
+        args = self.args
+        mask, sampling_logprobs, _ = batch.targets()
+        logprobs = self._logprobs(self.model, batch)
+        ref = None
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref = self._logprobs(self.ref_model, batch)
+        loss, stats = policy_loss(
+            logprobs,
+            logprobs.detach() if old_logprobs is None else old_logprobs,
+            batch.token_advantages[:, 1:],
+            mask,
+            normalizer,
+            loss_type=args.loss_type,
+            clip_low=args.epsilon,
+            clip_high=args.clip_high,
+            beta=args.beta,
+            ref_logprobs=ref,
+            sampling_logprobs=sampling_logprobs,
+            importance_cap=args.importance_sampling_cap if args.importance_sampling else None,
+            episode_tokens=batch.episode_tokens,
+        )
+        self.accelerator.backward(loss)
+        stats["loss"] = loss.item()
+        return stats
+
+    def gather(self, items: list[Any]) -> list[Any]:
+        """Every process's `items`, in process order (this process's alone)."""
+        return gather_object(items) if self.accelerator.num_processes > 1 else items
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def save(self, folder: str | Path, tokenizer: Any, step: int) -> Path | None:
+        """A checkpoint: the main process writes the model, optimizer and schedule; every
+        process writes its own random states (each samples with its own seed)."""
+        self.accelerator.wait_for_everyone()
+        if not self.accelerator.is_main_process:
+            save_random_states(folder, self.accelerator.process_index)
+            self.accelerator.wait_for_everyone()
+            return None
+        saved = save_checkpoint(
+            folder, self.policy, tokenizer, self.optimizer, self.scheduler, step
+        )
+        self.accelerator.wait_for_everyone()
+        return saved
+
+    def load(self, folder: str | Path) -> int:
+        """Restore a checkpoint of `save`; returns its step."""
+        return load_checkpoint(
+            folder,
+            self.policy,
+            self.optimizer,
+            self.scheduler,
+            rank=self.accelerator.process_index,
+        )
+
+
+def load_policy(name: str, tokenizer: Any = None) -> tuple[Any, Any]:
+    """A model named for `toolgym.agents.models.load_model` and its tokenizer (`tokenizer`
+    when given)."""
+    from toolgym.agents.models import load_model, load_tokenizer
+
+    return load_model(name), tokenizer or load_tokenizer(name)
+
+
+def frozen_copy(model: Any) -> Any:
+    """A copy of `model` in eval mode with no gradients (the KL term's reference)."""
+    reference = copy.deepcopy(model).eval()
+    for parameter in reference.parameters():
+        parameter.requires_grad_(False)
+    return reference
+
+
+def _with_lora(model: Any, lora: dict[str, Any]) -> Any:
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as error:
+        raise ImportError("LoRA needs peft: pip install 'toolgym[lora]'") from error
+    return get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora))

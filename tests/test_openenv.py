@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import subprocess
+import sys
 import threading
 import time
 from typing import Any
@@ -223,3 +225,78 @@ def test_grpo_trains_one_step_against_an_openenv_server(url, tmp_path):
     (metrics,) = trainer.train()
     assert metrics["statuses"].get("env_error", 0) == 0
     assert "loss" in metrics
+
+
+# -- toolgym serve --protocol openenv, driven by openenv-core's own client ---------------------
+
+SERVE = [sys.executable, "-m", "toolgym", "serve", "Wordle-v0", "--protocol", "openenv"]
+
+
+@pytest.fixture(scope="module")
+def served():
+    """`toolgym serve Wordle-v0 --protocol openenv --port 0`: its URL; stopped by SIGTERM."""
+    process = subprocess.Popen([*SERVE, "--port", "0"], stdout=subprocess.PIPE, text=True)
+    try:
+        url = process.stdout.readline().strip()
+        assert url.startswith("http://"), "toolgym serve did not start"
+        yield url
+    finally:
+        process.terminate()
+        assert process.wait(30) == 0  # SIGTERM: the instances are closed, the server stops
+        process.stdout.close()
+
+
+def guess(word: str) -> dict:
+    return {"tool": "guess", "arguments": {"word": word}}
+
+
+def test_the_openenv_client_plays_wordle_against_toolgym_serve(served):
+    with GenericEnvClient(base_url=served).sync() as client:
+        started = client.reset(seed=0, answer="slate")
+        invalid = client.step(guess("zzzzz"))
+        wrong = client.step(guess("crane"))
+        won = client.step(guess("slate"))
+        state = client.state()
+        over = client.step(guess("crane"))
+    assert [tool["function"]["name"] for tool in started.observation["tools"]] == ["guess"]
+    assert started.reward is None and not started.done
+    assert invalid.observation["failure"] == "tool_error" and not invalid.done
+    assert "not in the word list" in invalid.observation["content"]
+    assert wrong.observation["content"].startswith("Guess 1/6") and wrong.reward == 0.0
+    assert "Correct!" in won.observation["content"] and won.done and won.reward == 1.0
+    assert state["step_count"] == 3 and state["reward"] == 1.0 and state["done"] is True
+    assert over.observation["failure"] == "episode_over"
+
+
+def test_toolgym_serve_keeps_an_instance_per_session_and_publishes_its_schema(served):
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"{served}/schema", timeout=10) as answer:
+        action = json.load(answer)["action"]
+    assert action["properties"]["tool"]["enum"] == ["guess", "final_answer"]
+
+    async def play():
+        first, second = GenericEnvClient(base_url=served), GenericEnvClient(base_url=served)
+        async with first, second:
+            await first.reset(answer="crane")
+            await second.reset(answer="slate")
+            won = await first.step(guess("crane"))
+            lost = await second.step(guess("crane"))
+            answered = await second.step({"tool": "final_answer", "arguments": {"text": "no"}})
+        return won, lost, answered
+
+    won, lost, answered = asyncio.run(play())
+    assert won.done and not lost.done
+    assert answered.done and answered.observation["tool"] == "final_answer"
+
+
+def test_a_served_environment_is_an_environment_again_through_toolgym_openenv(served):
+    env = toolgym.openenv(served, observation=lambda o: o["content"])
+    with env() as wordle:
+        (tool,) = wordle.tools
+        assert tool["function"]["name"] == "tool_call"
+        assert wordle.reset(seed=0, answer="crane") is None  # Wordle shows nothing at reset
+        result = wordle.step(toolgym.ToolCall("tool_call", guess("crane")))
+        assert "Correct!" in contents(result)[0]
+        assert wordle.done and wordle.get_reward() == 1.0

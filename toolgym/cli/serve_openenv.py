@@ -1,0 +1,98 @@
+"""`toolgym serve ENV --protocol openenv [--port P]`: an environment as an OpenEnv server.
+
+Served with openenv-core's own server (`create_fastapi_app`: `/ws` sessions, `/reset`,
+`/step`, `/state`, `/schema`, `/health`, `/metadata`), so that its clients
+(`GenericEnvClient(base_url=url)`, sync or async) drive it: one environment instance per
+WebSocket session (at most `--max-sessions`; past it a new session is refused with
+openenv-core's CAPACITY_REACHED error), closed when the session ends. The stateless HTTP
+`/reset` and `/step` make an instance per request, as openenv-core's are.
+
+- **Action** (`ToolCallAction`): `{"tool": NAME, "arguments": {...}}`, where NAME is one of
+  the environment's tools (an enum in `/schema`) or `final_answer` (`{"text": ...}`: the
+  model's last message, handed to the environment to grade; the episode is then over).
+  A step before any reset resets first, without arguments.
+- **Observation** (`ToolCallObservation`): `content` (the tool message, or the reset's text),
+  `tool`, `failure` (toolgym's failure kind, None when the call succeeded), `turn`, and at
+  reset `tools` (the tools' JSON schemas); `reward` is the step's reward (its change, for an
+  environment with per-step rewards; else None until the step that ends the episode, which
+  carries the episode's reward; None throughout where the environment gives none) and
+  `done` whether the episode is over (done, answered, the turn limit, or a failure).
+- **Reset**: `reset(seed=..., **columns)` starts an episode from a dataset row's columns.
+- **State**: `episode_id`, `step_count`, and toolgym's `reward` (the episode's so far),
+  `done` and `turn`.
+
+`toolgym.openenv(url, observation=lambda o: o["content"])` is the client side of the same
+shape (its one tool is `tool_call`, with `tool` and `arguments`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import socket
+import weakref
+from typing import Any
+
+from toolgym.cli.env_spec import ResolvedEnv, resolve_env
+from toolgym.cli.errors import CLIError
+
+
+def serve_openenv(args: Any, sock: socket.socket) -> int:
+    """Serve `args.env` over OpenEnv on the bound socket `sock` until interrupted."""
+    from toolgym.envs.openenv import require_openenv
+
+    try:
+        require_openenv()
+    except ImportError as error:
+        raise CLIError(str(error)) from None
+    import uvicorn
+
+    made: weakref.WeakSet[Any] = weakref.WeakSet()
+    app = openenv_app(resolve_env(args.env), args.sandbox, args.max_sessions, made)
+    config = uvicorn.Config(app, log_level="warning", lifespan="on")
+    port = sock.getsockname()[1]
+    sock.listen(128)  # a client that reads the URL may connect at once (it waits in the queue)
+    print(f"http://{args.host}:{port}", flush=True)  # first, for scripts to read
+    try:
+        asyncio.run(uvicorn.Server(config).serve(sockets=[sock]))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for environment in list(made):
+            environment.close()
+    return 0
+
+
+def openenv_app(
+    resolved: ResolvedEnv, sandbox: str | None, max_sessions: int, made: Any = None
+) -> Any:
+    """openenv-core's FastAPI app over instances of `resolved` (each added to `made`)."""
+    from openenv.core.env_server import create_fastapi_app
+
+    from toolgym.cli.openenv_served import ServedEnvironment, ToolCallObservation, action_class
+
+    def make() -> Any:
+        try:
+            env = resolved.make(sandbox=sandbox)
+        except CLIError:
+            raise
+        except Exception as error:
+            raise CLIError(f"{resolved.spec}: {type(error).__name__}: {error}") from None
+        if made is not None:
+            made.add(env)
+        return env
+
+    probe = make()  # the tools (and the environment checked) before serving
+    try:
+        tools = probe.tools
+    finally:
+        probe.close()
+    names = [tool["function"]["name"] for tool in tools]
+    if "final_answer" in names:
+        raise CLIError(f"{resolved.spec}: its tool 'final_answer' clashes with toolgym's")
+    return create_fastapi_app(
+        functools.partial(ServedEnvironment, make, resolved.spec, names),
+        action_class(tools),
+        ToolCallObservation,
+        max_concurrent_envs=max_sessions,
+    )

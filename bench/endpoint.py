@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import importlib.util
 import json
+import shutil
 import statistics
 import tempfile
 import threading
@@ -176,6 +178,7 @@ def make_engine(args) -> tuple[Any, Any]:
         tokenizer = tiny_tokenizer()
         model = tiny_model(tokenizer, hidden_size=128)
         folder = tempfile.mkdtemp(prefix="toolgym-bench-endpoint-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
         model.save_pretrained(folder)
         tokenizer.save_pretrained(folder)
     else:

@@ -6,6 +6,8 @@ import contextlib
 import os
 import signal
 import subprocess
+import uuid
+from pathlib import Path
 
 import torch
 
@@ -19,15 +21,19 @@ GUESS = (
 
 
 def run_group(command: list[str], timeout: float, **options) -> subprocess.CompletedProcess:
-    """`subprocess.run(command, capture_output=True, text=True)` in a process group of its own
-    that is killed whole when it ends, times out or the test is interrupted: launchers such as
-    `accelerate launch` leave their ranks running when only the launcher is killed."""
+    """`subprocess.run(command, capture_output=True, text=True)` whose processes are all
+    killed when it ends, times out or the test is interrupted: its own process group, and
+    every process carrying its tag in the environment (`accelerate launch` starts each rank
+    in a session of its own, out of the launcher's group)."""
+    tag = uuid.uuid4().hex
+    env = {**options.pop("env", os.environ), RUN_TAG: tag}
     process = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        env=env,
         **options,
     )
     try:
@@ -36,7 +42,30 @@ def run_group(command: list[str], timeout: float, **options) -> subprocess.Compl
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+        kill_tagged(tag)
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+RUN_TAG = "TOOLGYM_TEST_RUN"
+"""The environment variable that marks the processes of one `run_group` call."""
+
+
+def tagged(tag: str) -> list[int]:
+    """The processes whose environment carries `RUN_TAG=tag`."""
+    marker = f"{RUN_TAG}={tag}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if marker in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+    return found
+
+
+def kill_tagged(tag: str) -> None:
+    for pid in tagged(tag):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def ids(tokenizer, text: str) -> list[int]:

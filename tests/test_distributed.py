@@ -77,11 +77,33 @@ def test_a_run_killed_mid_step_resumes_to_the_same_weights_and_metrics(tmp_path)
             )
             time.sleep(0.5)
     finally:
-        os.killpg(run.pid, signal.SIGKILL)
+        os.killpg(run.pid, signal.SIGKILL)  # the launcher; each rank has a session of its own
         run.wait()
+    # the ranks notice their launcher is gone and exit (before: both blocked, ~580 MB each)
+    deadline = time.monotonic() + 20
+    while _ranks_of(killed) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = _ranks_of(killed)
+    for pid in left:  # never left behind, even when this fails
+        os.kill(pid, signal.SIGKILL)
+    assert not left, "a rank outlived its killed launcher"
     assert (killed / "checkpoint-1" / "rng-1.pt").exists()
     resumed = launch(killed, "2", "--resume", str(killed / "checkpoint-1"))
     for rank in (0, 1):
         assert resumed[rank]["weights"] == pytest.approx(whole[rank]["weights"], rel=1e-9)
         assert resumed[rank]["step_rewards"]["2"] == whole[rank]["step_rewards"]["2"]
         assert resumed[rank]["advantages"] == pytest.approx(whole[rank]["advantages"])
+
+
+def _ranks_of(output: Path) -> list[int]:
+    """The live processes of a run writing to `output` (its path is on their command line)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes() if entry.name.isdigit() else b""
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if str(output).encode() in cmdline and state != "Z":
+            found.append(int(entry.name))
+    return found

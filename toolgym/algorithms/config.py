@@ -27,6 +27,10 @@ class GRPOConfig:
     """Where metrics, samples, checkpoints and the reward plot go."""
     seed: int = 0
     """Seeds data order, episode seeds, sampling and initialisation of anything random."""
+    distributed_timeout: float = 600.0
+    """Seconds a process waits in a collective (a gather, a gradient all-reduce) for its
+    peers before failing with the lost rank named, instead of hanging (several processes
+    only; a process whose launcher is gone exits at once, `algorithms/launcher_watch.py`)."""
 
     # -- optimisation -------------------------------------------------------------------------
     learning_rate: float = 1e-6
@@ -75,7 +79,8 @@ class GRPOConfig:
     """Generation backend: transformers on the policy itself, vLLM in-process, or a vLLM
     server (`vllm_server_url`)."""
     vllm_server_url: str = "http://127.0.0.1:8000"
-    """Base URL of the vLLM server when `engine="vllm-server"`."""
+    """Base URL of the vLLM server when `engine="vllm-server"`, or several comma-separated
+    (one engine over all of them: sticky episodes, failover, one policy at a time)."""
     kv_cache_tokens: int | None = None
     """Tokens the in-process vLLM engine's KV cache holds on a CPU (on a GPU vLLM sizes it
     from `gpu_memory_utilization`). None: enough for the larger of a step's episodes and the
@@ -189,6 +194,8 @@ class GRPOConfig:
     def __post_init__(self) -> None:
         if isinstance(self.limits, dict):  # a config read back from JSON
             self.limits = AgentLimits(**self.limits)
+        if self.distributed_timeout <= 0:
+            raise ValueError("distributed_timeout must be positive (seconds)")
         if self.max_staleness < 0:
             raise ValueError("max_staleness must be at least 0")
         if self.num_iterations < 1:

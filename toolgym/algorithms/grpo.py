@@ -14,12 +14,13 @@ import functools
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate.utils import InitProcessGroupKwargs, set_seed
 
 from toolgym.agents.custom import RolloutFn
 from toolgym.agents.engines.logs import engine_logs_to_file, engine_logs_to_terminal
@@ -78,7 +79,8 @@ class GRPOTrainer:
         """Wall time and peak memory per stage (model load, warm-up, rollouts, update...)."""
         # cpu=True on a machine without CUDA makes processes started by torchrun or
         # `accelerate launch --multi_gpu` join one gloo group (otherwise each runs alone).
-        self.accelerator = Accelerator(cpu=not torch.cuda.is_available())
+        timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=args.distributed_timeout))
+        self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), kwargs_handlers=[timeout])
         set_seed(args.seed + self.accelerator.process_index)
         self._bars = args.progress_bar and self.accelerator.is_main_process  # progress bars
         if isinstance(model, str):

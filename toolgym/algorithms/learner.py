@@ -23,6 +23,7 @@ from toolgym.agents.trajectory import Trajectory
 from toolgym.algorithms.batch import collate, training_samples
 from toolgym.algorithms.checkpoint import load_checkpoint, save_checkpoint, save_random_states
 from toolgym.algorithms.config import GRPOConfig, SFTConfig
+from toolgym.algorithms.launcher_watch import watch_launcher
 from toolgym.algorithms.losses import (
     StepNormalizer,
     compile_by_default,
@@ -47,6 +48,8 @@ class Learner:
 
     def __init__(self, model: Any, args: GRPOConfig, accelerator: Accelerator, pad_id: int):
         self.args, self.accelerator, self.pad_id = args, accelerator, pad_id
+        if accelerator.num_processes > 1:  # a rank whose launcher is gone ends itself
+            watch_launcher(accelerator.process_index)
         if args.lora is not None:
             model = _with_lora(model, args.lora)
         if args.gradient_checkpointing:

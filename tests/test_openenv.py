@@ -168,6 +168,18 @@ def test_each_instance_has_its_own_session_and_astep_does_not_block(url):
     assert slate == ["crane is not the word.", "Correct!"]
 
 
+def test_a_lost_session_ends_the_episode_and_the_next_reset_opens_a_new_one(url):
+    from toolgym.envs.mcp_session import submit
+
+    with toolgym.openenv(url)() as env:
+        env.reset(secret="slate")
+        submit(env.executor.client._ws.close()).result(10)  # the server's side is gone too
+        lost = env.step(call("guess", word="slate"))
+        assert lost.results[0].failure == "env_error" and lost.info["ended"] == "env_error"
+        env.reset(secret="slate")
+        assert contents(env.step(call("guess", word="slate"))) == ["Correct!"]
+
+
 def test_a_server_that_is_gone_ends_the_episode_env_error():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

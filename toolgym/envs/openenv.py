@@ -24,7 +24,9 @@ first reset and reused by the instance's later episodes).
   default: "no reward", left to the trainer's reward functions). `done` ends the episode.
 - **Failures**: an action the server refuses (its validation) or a step that raises there is
   a tool failure (`tool_error`) carrying the server's message; a server that cannot be
-  reached or closes the session ends the episode `env_error`.
+  reached or closes the session ends the episode `env_error` (the next reset opens a new
+  session). The server's `max_concurrent_envs` (openenv-core's default: 1) bounds the
+  instances in use at once: past it a reset fails with the server's CAPACITY_REACHED.
 
 A factory is not a class, so toolgym's sandboxes cannot hold it (the environment's code runs
 in the server's process anyway: sandbox the server).
@@ -228,7 +230,13 @@ class OpenEnvExecutor(Executor):
         kwargs = {k: v for k, v in row.items() if k != "prompt" and _jsonable(v)}
         if kwargs.get("seed") is None:
             kwargs.pop("seed", None)
-        result = self._wait(self._client().reset(**kwargs))
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            result = self._wait(self._client().reset(**kwargs))
+        except ConnectionClosed:  # the session was lost (a server restart): a new one, once
+            self.close()
+            result = self._wait(self._client().reset(**kwargs))
         self.rewards, self._done = [], False
         self._note(result)
         return self._text(result.observation) or None

@@ -128,7 +128,7 @@ class Endpoint:
         async with session.calling:
             prompt_ids, observation = self._prompt(session, request)
             sampling = self._sampling(session, request, prompt_ids, observation)
-            completion = await self._generate(GenerationRequest(prompt_ids, sampling))
+            completion = await self._generate(GenerationRequest(prompt_ids, sampling, session=key))
             text = self._decode(completion)
             parsed = await asyncio.to_thread(self._parsed, text, request)  # off the loop
             reply = reply_message(text, parsed)

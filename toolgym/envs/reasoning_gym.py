@@ -36,8 +36,10 @@ from toolgym.envs.core import Environment
 SPLIT_SEEDS = 2**31
 """Seeds of one split: train uses [0, 2**31), test [2**31, 2**32) (reasoning-gym's seeds are
 32-bit)."""
-EXCLUDED_TASKS = frozenset({"composite"})
-"""Not one task: `composite` mixes other datasets named in its configuration."""
+EXCLUDED_TASKS = frozenset({"composite", "game_of_life_halting"})
+"""Not registered: `composite` is not one task (it mixes datasets named in its
+configuration); `game_of_life_halting`'s scorer (reasoning-gym 0.1.25) pays 1.0 for any
+non-empty answer (`bool("False")` is True), a reward a policy would learn to farm."""
 INSTRUCTION = "Give only the final answer between <answer> and </answer> tags."
 """Appended to the question when `reset` draws its own problem (no row, no system prompt)."""
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL)

@@ -28,6 +28,7 @@ shape (its one tool is `tool_call`, with `tool` and `arguments`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import socket
 import weakref
@@ -49,7 +50,7 @@ def serve_openenv(args: Any, sock: socket.socket) -> int:
 
     made: weakref.WeakSet[Any] = weakref.WeakSet()
     app = openenv_app(resolve_env(args.env), args.sandbox, args.max_sessions, made)
-    config = uvicorn.Config(app, log_level="warning", lifespan="on")
+    config = uvicorn.Config(_quiet_disconnects(app), log_level="warning", lifespan="on")
     port = sock.getsockname()[1]
     sock.listen(128)  # a client that reads the URL may connect at once (it waits in the queue)
     print(f"http://{args.host}:{port}", flush=True)  # first, for scripts to read
@@ -96,3 +97,17 @@ def openenv_app(
         ToolCallObservation,
         max_concurrent_envs=max_sessions,
     )
+
+
+def _quiet_disconnects(app: Any) -> Any:
+    """`app`, less the traceback openenv-core 0.3's `/ws` raises when it closes a session whose
+    client has already gone (its `websocket.close()` after the client's own close)."""
+    from starlette.websockets import WebSocketDisconnect
+
+    async def quiet(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "websocket":
+            return await app(scope, receive, send)
+        with contextlib.suppress(WebSocketDisconnect):
+            await app(scope, receive, send)
+
+    return quiet

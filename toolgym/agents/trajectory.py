@@ -243,6 +243,7 @@ def outcome(trajectory: Trajectory) -> dict[str, Any]:
         "tool_calls": metrics["tool_calls"],
         "tool_failures": metrics["tool_failures"],
         "env_metrics": trajectory.env_metrics,
+        "env_name": trajectory.row.get("env") if isinstance(trajectory.row, dict) else None,
     }
 
 
@@ -269,7 +270,25 @@ def summarize(
         ),
         "statuses": dict(Counter(row["status"] for row in rows)),
         "env": mean_env_metrics(row.get("env_metrics") or {} for row in rows),
+        **_per_environment(rows, success_threshold),
     }
+
+
+def _per_environment(rows: list[dict[str, Any]], success_threshold: float) -> dict[str, float]:
+    """`envs/<name>/reward`, `.../success_rate` and `.../episodes` for each environment of a
+    run that plays several (the `env` each episode's row names); nothing for one."""
+    by_name: dict[str, list[float]] = {}
+    for row in rows:
+        if isinstance(row.get("env_name"), str):
+            by_name.setdefault(row["env_name"], []).append(row["reward"] or 0.0)
+    figures: dict[str, float] = {}
+    for name, rewards in sorted(by_name.items()):
+        figures[f"envs/{name}/reward"] = statistics.fmean(rewards)
+        figures[f"envs/{name}/success_rate"] = statistics.fmean(
+            r >= success_threshold for r in rewards
+        )
+        figures[f"envs/{name}/episodes"] = len(rewards)
+    return figures
 
 
 def mean_env_metrics(episodes: Iterable[dict[str, float]]) -> dict[str, float]:

@@ -10,6 +10,7 @@ from toolgym.agents.trajectory import summarize
 from toolgym.algorithms.advantages import group_advantages
 from toolgym.algorithms.batch import TokenBatch, TrainingSample, collate, training_samples
 from toolgym.algorithms.config import GRPOConfig, RLOOConfig, SFTConfig
+from toolgym.algorithms.environments import EnvMixture
 from toolgym.algorithms.grpo import GRPOTrainer
 from toolgym.algorithms.losses import StepNormalizer, masked_nll, policy_loss, token_logprobs
 from toolgym.algorithms.rewards import compute_rewards
@@ -19,6 +20,7 @@ from toolgym.algorithms.stages import StageClock
 from toolgym.algorithms.warmup_cache import default_cache_dir
 
 __all__ = [
+    "EnvMixture",
     "GRPOConfig",
     "GRPOTrainer",
     "RLOOConfig",

@@ -8,11 +8,75 @@ from (and stopped by `close`, or when the trainer is collected).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import random
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import toolgym
 from toolgym.algorithms.config import GRPOConfig
+
+ENV_COLUMN = "env"
+"""The dataset column that names a row's environment among several (TRL's convention)."""
+
+
+class EnvMixture:
+    """Several environments in one run, one per episode, each episode seeing only its own
+    environment's tools. A row names its environment in the `env` column; a row without it
+    gets one drawn by `weights` from its episode's seed (a GRPO group shares the seed, so a
+    group plays one environment). Trainers log each environment's reward and success rate
+    (`envs/<name>/...`), and per-environment reward functions return None for the others'
+    episodes.
+
+    Args:
+        envs: Name -> what `toolgym.env_factory` takes (an id, a class, a factory, functions).
+        kwargs: Name -> constructor arguments of that environment.
+        sandbox: Where each environment is placed (as `toolgym.env_factory`).
+        weights: Name -> relative weight for rows without an `env` column (default: equal).
+    """
+
+    def __init__(
+        self,
+        envs: Mapping[str, Any],
+        kwargs: Mapping[str, dict[str, Any]] | None = None,
+        sandbox: Any = None,
+        weights: Mapping[str, float] | None = None,
+    ) -> None:
+        if not envs:
+            raise ValueError("EnvMixture needs at least one environment")
+        kwargs, weights = dict(kwargs or {}), dict(weights or dict.fromkeys(envs, 1.0))
+        for name in {*kwargs, *weights} - set(envs):
+            raise ValueError(f"{name!r} is not among the environments ({', '.join(envs)})")
+        if any(w < 0 for w in weights.values()) or not any(weights.values()):
+            raise ValueError("EnvMixture weights must be non-negative, not all zero")
+        self.factories = {
+            str(name): toolgym.env_factory(target, kwargs.get(name), sandbox)
+            for name, target in envs.items()
+        }
+        self.weights = [float(weights.get(name, 0.0)) for name in self.factories]
+
+    def name_for(self, row: Mapping[str, Any], seed: int | None) -> str:
+        """The environment of a row: its `env` column, else a draw from the seed."""
+        if ENV_COLUMN in row:
+            name = str(row[ENV_COLUMN])
+            if name not in self.factories:
+                raise ValueError(
+                    f"a row's {ENV_COLUMN!r} is {name!r}; the environments are "
+                    f"{', '.join(self.factories)}"
+                )
+            return name
+        return random.Random(seed).choices(list(self.factories), self.weights)[0]
+
+    def for_row(self, row: dict[str, Any], seed: int | None) -> Any:
+        """A new environment for this row's episode (the row's `env` is set to its name)."""
+        name = self.name_for(row, seed)
+        row[ENV_COLUMN] = name  # the trajectory's row says which one played
+        return self.factories[name]()
+
+    def __call__(self) -> Any:
+        raise TypeError(
+            "EnvMixture: which environment an episode gets depends on its row; call "
+            "for_row(row, seed)"
+        )
 
 
 def training_environments(
@@ -20,6 +84,12 @@ def training_environments(
 ) -> tuple[Callable[[], Any], Any]:
     """(what makes or leases one rollout's environment, the warm pool behind it or None):
     `share` is this process's episodes per step, `most` the most it holds at once."""
+    if isinstance(env, Mapping):  # several environments, routed by the rows' `env` column
+        env = EnvMixture(env, kwargs, args.sandbox)
+    if isinstance(env, EnvMixture) and args.sandbox == "ray":
+        raise ValueError('sandbox="ray" takes one environment, not several (EnvMixture)')
+    if isinstance(env, EnvMixture):
+        return env, None
     if args.sandbox != "ray":
         return toolgym.env_factory(env, kwargs, args.sandbox), None
     pool = _ray_pool(env, kwargs, args, share, most)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,8 @@ class GRPOTrainer:
     Args:
         model: A transformers causal LM or a name for `toolgym.agents.models.load_model`
             (e.g. "smollm2-135m").
-        env: A registered id, an environment class, or a factory returning an instance.
+        env: A registered id, an environment class, a factory returning an instance, or
+            several by name (a dict or an `EnvMixture`: rows name theirs in an `env` column).
         train_dataset: Rows (`prompt` plus `reset` arguments): a `datasets.Dataset` or a list.
         reward_funcs: Extra reward functions (see `toolgym.algorithms.rewards`).
         args: The configuration.
@@ -62,7 +63,7 @@ class GRPOTrainer:
     def __init__(
         self,
         model: Any,
-        env: str | type | Callable[[], Any],
+        env: str | type | Callable[[], Any] | Mapping[str, Any],
         train_dataset: Sequence[Row] | Any,
         reward_funcs: Sequence[RewardFunc] | None = None,
         args: GRPOConfig | None = None,
@@ -77,8 +78,7 @@ class GRPOTrainer:
         """Where the engine's log lines go (None: the terminal, `verbose`)."""
         self.stages = StageClock()
         """Wall time and peak memory per stage (model load, warm-up, rollouts, update...)."""
-        # cpu=True on a machine without CUDA makes processes started by torchrun or
-        # `accelerate launch --multi_gpu` join one gloo group (otherwise each runs alone).
+        # cpu=True without CUDA: ranks of `accelerate launch --multi_gpu` join one gloo group
         timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=args.distributed_timeout))
         self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), kwargs_handlers=[timeout])
         set_seed(args.seed + self.accelerator.process_index)

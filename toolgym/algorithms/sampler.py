@@ -24,7 +24,7 @@ from toolgym.agents.rollout import Agent
 from toolgym.agents.trajectory import Trajectory
 from toolgym.algorithms.config import GRPOConfig
 from toolgym.algorithms.rewards import RewardFunc, compute_rewards, step_reward_total
-from toolgym.algorithms.sft import demonstrations
+from toolgym.algorithms.sft import demonstrations, make_for_row
 from toolgym.algorithms.stages import StageClock
 from toolgym.envs.calls import close_all
 
@@ -85,10 +85,13 @@ class Sampler:
         started = time.perf_counter()
         rows, seeds = self.step_rows(step)
         share = self.share(len(rows))
-        mine = [rows[i] for i in share]
+        mine = [dict(rows[i]) for i in share]  # a mixture writes each one's `env` in it
         envs: list[Any] = []
         try:  # the environments (sandboxes, containers) close on every path
-            envs.extend(self.make_env() for _ in share)
+            envs.extend(
+                make_for_row(self.make_env, row, seeds[i])
+                for row, i in zip(mine, share, strict=True)
+            )
             with self.stages.stage("rollouts"):
                 trajectories = self.agent.run(
                     envs, mine, [seeds[i] for i in share], rollout_fn=self.rollout_fn
@@ -103,13 +106,14 @@ class Sampler:
         """Play each row once, reset with seed = its index, sampling at `temperature` (greedy
         by default) for these episodes only."""
         sampling = SamplingParams(temperature=temperature, top_p=1.0)
+        rows = [dict(r) for r in rows]
         envs: list[Any] = []
         try:
-            envs.extend(self.make_env() for _ in rows)
+            envs.extend(make_for_row(self.make_env, r, i) for i, r in enumerate(rows))
             with self.stages.stage("evaluation"):
                 return self.agent.run(
                     envs,
-                    [dict(r) for r in rows],
+                    rows,
                     list(range(len(rows))),
                     rollout_fn=self.rollout_fn,
                     sampling=sampling,

@@ -12,6 +12,7 @@ assistant tokens only (loss mask 1), like the policy-gradient loss.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from collections.abc import Callable, Sequence
@@ -57,13 +58,14 @@ def demonstrations(
         per_turn=per_turn,
     )
     trajectories = []
+    make = functools.partial(make_for_row, env_factory)
     for row, seed in zip(rows, seeds, strict=True):
-        expert = as_environment(env_factory())
+        expert = as_environment(make(row, seed))
         try:
             expert.reset(seed=seed, **{k: v for k, v in row.items() if k != "prompt"})
             turns = expert.demonstration()
             if turns is None:
-                name = type(expert).__name__
+                name = expert.executor.target.__name__
                 raise ValueError(f"{name} offers no demonstrations (demonstration())")
             if getattr(expert, "inline_markers", ()):  # the pieces of text the expert writes
                 replies = [tokenizer.encode(piece, add_special_tokens=False) for piece in turns]
@@ -78,12 +80,19 @@ def demonstrations(
         agent.limits = AgentLimits(
             max_turns=len(replies), max_new_tokens=max(map(len, replies)), max_episode_tokens=10**9
         )
-        played = env_factory()
+        played = make(row, seed)
         try:
             trajectories.extend(agent.run([played], [row], [seed]))
         finally:
             close_all([played])
     return trajectories
+
+
+def make_for_row(make_env: Callable[..., Any], row: dict[str, Any], seed: int | None) -> Any:
+    """One episode's environment: `make_env()`, or `make_env.for_row(row, seed)` where the
+    factory chooses by the row (`toolgym.algorithms.EnvMixture`)."""
+    for_row = getattr(make_env, "for_row", None)
+    return for_row(row, seed) if callable(for_row) else make_env()
 
 
 def _assistant_message(calls: Sequence[Any]) -> dict[str, Any]:

@@ -42,6 +42,7 @@ def step_metrics(
         if finite and len(sources) > 1:
             metrics[f"rewards/{name}"] = statistics.fmean(finite)
     metrics.update({f"env/{name}": value for name, value in summary["env"].items()})
+    metrics.update({k: v for k, v in summary.items() if k.startswith("envs/")})
     return metrics
 
 

@@ -18,14 +18,28 @@ training). A request past the limits gets an OpenAI-style error the program sees
 episode ends `max_turns` / `length`; a program that raises ends `env_error`, one that runs past
 `timeout` ends `tool_timeout` (the model's outcome: its calls decide how long the program
 runs).
+
+A program on the command line (any language, any agent library) is `command_program(argv)`:
+
+    agent.run(envs, rows, rollout_fn=program_rollout(command_program(["node", "agent.js"])))
+
+It runs with `OPENAI_BASE_URL` and `OPENAI_API_KEY` (the episode's session) and `TOOLGYM_ROW`
+(the row as JSON, also on its stdin) in its environment. The last line it prints is its
+answer: `reward: <number>` is the reward; other text is handed to the environment's
+`final_answer` (which grades it), so the environment's reward counts. A non-zero exit ends the
+episode `env_error` with the end of its stderr; past `timeout`, its process group is killed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import os
+import signal
 import threading
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from toolgym.agents.custom import EpisodeEnd, RolloutContext, RolloutFn
@@ -67,6 +81,49 @@ def program_rollout(program: Program, timeout: float = 600.0) -> RolloutFn:
         return trajectory
 
     return rollout
+
+
+def command_program(
+    argv: Sequence[str], *, cwd: str | None = None, env: dict[str, str] | None = None
+) -> Program:
+    """A `Program` that runs `argv` as a process per episode (see the module docstring);
+    `env` adds variables to its environment, `cwd` is its working folder."""
+    argv = [str(part) for part in argv]
+    if not argv:
+        raise ValueError("command_program needs a command")
+
+    async def run(base_url: str, api_key: str, row: dict[str, Any], environment: Any) -> Any:
+        text = json.dumps(row, default=str)
+        variables = {**os.environ, **(env or {})}
+        variables |= {"OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key, "TOOLGYM_ROW": text}
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=cwd,
+            env=variables,
+            start_new_session=True,  # killed whole when the episode ends early
+        )
+        try:
+            out, err = await process.communicate(text.encode())
+        finally:
+            if process.returncode is None:  # cancelled: the timeout, or the run stopping
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                await process.wait()
+        if process.returncode != 0:
+            tail = err.decode(errors="replace").strip()[-500:]
+            raise RuntimeError(f"{argv[0]} exited with status {process.returncode}: {tail}")
+        lines = [line for line in out.decode(errors="replace").splitlines() if line.strip()]
+        answer = lines[-1].strip() if lines else ""
+        if answer.startswith("reward:"):
+            return float(answer.removeprefix("reward:"))
+        if answer:
+            await asyncio.to_thread(environment.final_answer, answer)
+        return None
+
+    return run
 
 
 def _endpoint_for(ctx: RolloutContext) -> Endpoint:

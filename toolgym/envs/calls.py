@@ -16,7 +16,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from toolgym.envs.tools import render_result
+from toolgym.envs.tools import UnrenderableResult, render_result
 
 logger = logging.getLogger(__name__)
 
@@ -117,8 +117,9 @@ pieces of text it writes, each ending with a marker."""
 
 @dataclass
 class PreparedCall:
-    """A checked call, bound to its environment's method; running it never raises: an
-    exception is the tool's failure, a result that is no JSON a `bad_result`."""
+    """A checked call, bound to its environment's method; running it raises only
+    `UnrenderableResult` (media content): an exception is the tool's failure, a result that
+    is no JSON a `bad_result`."""
 
     call: ToolCall
     function: Callable[..., Any]
@@ -156,6 +157,8 @@ class PreparedCall:
     def _rendered(self, value: Any) -> ToolResult:
         try:
             return ToolResult(self.call, render_result(value))
+        except UnrenderableResult:
+            raise  # not the model's error to read: the episode ends, naming it
         except (TypeError, ValueError, RecursionError) as error:
             return ToolResult(self.call, f"Error: {self.call.name} failed: {error}.", "bad_result")
 

@@ -284,11 +284,31 @@ def instance_tools(instance: object) -> dict[str, Tool]:
     return table
 
 
+class UnrenderableResult(TypeError):
+    """A tool returned content no chat template toolgym renders (an image block): the episode
+    ends `env_error` at that call, naming it, rather than the model reading an error."""
+
+
+TEXT_BLOCK_TYPES = frozenset({"text", "input_text", "output_text"})
+MEDIA_BLOCK_TYPES = frozenset({"image", "image_url", "input_image", "audio", "input_audio"})
+
+
 def render_result(value: Any) -> str:
-    """Tool return value -> message content: strings as they are, everything else as JSON;
-    either way valid Unicode (see `valid_text`)."""
+    """Tool return value -> message content: strings as they are, a list of content blocks
+    (TRL's and MCP's `[{"type": "text", "text": ...}, ...]`) as its texts joined by newlines,
+    everything else as JSON; either way valid Unicode (see `valid_text`). A block of media
+    (an image) raises `UnrenderableResult`: toolgym's agents render text only for now."""
     if isinstance(value, str):
         return valid_text(value)
+    if _is_content_blocks(value):
+        media = [b["type"] for b in value if b["type"] in MEDIA_BLOCK_TYPES]
+        if media:
+            raise UnrenderableResult(
+                f"the tool returned {media[0]!r} content: toolgym renders tool results as "
+                "text for text-only chat templates (no image processor yet); return text, or "
+                "describe the image in a text block"
+            )
+        return valid_text("\n".join(str(b.get("text", "")) for b in value))
     try:
         return valid_text(json.dumps(value, ensure_ascii=False))
     except (TypeError, ValueError, RecursionError) as error:
@@ -296,6 +316,16 @@ def render_result(value: Any) -> str:
             f"the tool returned a {type(value).__name__}, which cannot be converted to JSON "
             f"({error}); return a string or JSON-compatible data"
         ) from None
+
+
+def _is_content_blocks(value: Any) -> bool:
+    """Whether `value` is a non-empty list of typed content blocks (text or media)."""
+    known = TEXT_BLOCK_TYPES | MEDIA_BLOCK_TYPES
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(b, dict) and b.get("type") in known for b in value)
+    )
 
 
 def valid_text(text: str) -> str:

@@ -62,6 +62,7 @@ class Episodes:
             raise CLIError(f"{self.resolved.spec}: {type(error).__name__}: {error}") from None
 
     async def get(self, key: str) -> tuple[Any, asyncio.Lock]:
+        """The session's instance (made on first use) and the lock its calls take."""
         if key not in self.instances:
             self.instances[key] = (await asyncio.to_thread(self._make), asyncio.Lock())
             while len(self.instances) > self.max_sessions:
@@ -71,6 +72,7 @@ class Episodes:
         return self.instances[key]
 
     def close(self) -> None:
+        """Close every session's instance."""
         while self.instances:
             _, (env, _) = self.instances.popitem()
             with contextlib.suppress(Exception):
@@ -213,8 +215,14 @@ def _control_tools() -> list[Any]:
 
 def serve(args: argparse.Namespace) -> int:
     """Serve ENV until interrupted (stdio: until the client closes stdin)."""
-    if args.protocol != "mcp":
-        raise CLIError(f"--protocol {args.protocol}: only 'mcp' is served so far")
+    if args.protocol == "openenv":  # toolgym/cli/serve_openenv.py
+        if args.stdio:
+            raise CLIError("--protocol openenv is served over HTTP and WebSocket, not --stdio")
+        from toolgym.cli.serve_openenv import serve_openenv
+
+        signal.signal(signal.SIGTERM, _interrupt)
+        with _listening(args.host, args.port) as sock:
+            return serve_openenv(args, sock)
     from toolgym.envs.mcp_session import require_sdk
 
     try:
@@ -278,15 +286,17 @@ def add_serve_command(commands: Any) -> None:
     """The `serve` subcommand."""
     parser = commands.add_parser(
         "serve",
-        help="serve an environment over a protocol (MCP), one instance per client session",
+        help="serve an environment over a protocol (MCP, OpenEnv), one instance per session",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("env", metavar="ENV", help="an id, path/to/file.py:Class or module:attr")
-    parser.add_argument("--protocol", default="mcp", choices=["mcp"], help="the protocol")
+    parser.add_argument(
+        "--protocol", default="mcp", choices=["mcp", "openenv"], help="the protocol"
+    )
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--stdio", action="store_true", help="serve one client over stdio")
-    where.add_argument("--port", type=int, default=8000, help="streamable HTTP port (0: any)")
+    where.add_argument("--port", type=int, default=8000, help="HTTP port (0: any)")
     parser.add_argument("--host", default="127.0.0.1", help="where to listen (loopback)")
     parser.add_argument("--sandbox", default=None, help="local, process, docker, ray or auto")
     parser.add_argument("--max-sessions", type=int, default=64, help="instances kept at once")

@@ -59,10 +59,30 @@ def check_pipelining(args: GRPOConfig, engine: Any) -> None:
         )
 
 
-def sync_weights(engine: Any, policy: Any) -> None:
+def shares_servers(engine: Any) -> bool:
+    """Whether `engine` samples on servers that every trainer process reaches (a server
+    engine's pool of URLs), rather than on a copy of the weights of its process's own."""
+    return getattr(engine, "pool", None) is not None
+
+
+def sync_weights(engine: Any, policy: Any, accelerator: Any = None) -> None:
     """Give `engine` the policy's current weights: the model itself where it samples from it
-    (transformers), else its state dict with any LoRA adapters merged (vLLM)."""
-    if capabilities(engine).update_with == "model":
-        engine.update_weights(policy)
-    else:
-        engine.update_weights(policy_state_dict(policy))
+    (transformers), else its state dict with any LoRA adapters merged (vLLM).
+
+    Servers shared by several trainer processes (which hold equal weights after an update)
+    are synced once, by the main process, while the others wait at a barrier until every
+    server holds the new weights: each process writing the same folder and reloading every
+    server would sync each server once per process, and a server could read the file while
+    another process rewrites it."""
+    shared = accelerator is not None and accelerator.num_processes > 1 and shares_servers(engine)
+    if shared and not accelerator.is_main_process:
+        accelerator.wait_for_everyone()  # the main process syncs the servers meanwhile
+        return
+    try:
+        if capabilities(engine).update_with == "model":
+            engine.update_weights(policy)
+        else:
+            engine.update_weights(policy_state_dict(policy))
+    finally:
+        if shared:  # even when a sync failed: the others must not wait for the timeout
+            accelerator.wait_for_everyone()

@@ -339,7 +339,7 @@ class GRPOTrainer:
 
     def _sync_engine(self) -> None:
         """Give the engine the policy's current weights."""
-        sync_weights(self.engine, self._unwrapped)
+        sync_weights(self.engine, self._unwrapped, self.accelerator)
         self._engine_version = self.step
 
 

@@ -36,7 +36,6 @@ hold it; a stdio server is a process of its own already: sandbox it by wrapping 
 from __future__ import annotations
 
 import dataclasses
-import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -44,6 +43,7 @@ from typing import Any, TextIO
 from toolgym.envs.calls import Demonstration, ToolCall, ToolResult
 from toolgym.envs.inline import InlineStep
 from toolgym.envs.mcp_session import MCPSession, Server, is_url, server_argv
+from toolgym.envs.rows import rows_builder
 from toolgym.envs.stepping import Executor, Stepper
 from toolgym.envs.tools import Tool, ToolArgumentError, render_result
 
@@ -138,15 +138,7 @@ class MCP:
     @property
     def dataset_builder(self) -> Callable[..., Any] | None:
         """`dataset` as a registry builder `f(n, seed)` (rows drawn by seed), or None."""
-        if self.dataset is None or callable(self.dataset):
-            return self.dataset
-        rows = [dict(row) for row in self.dataset]
-
-        def build(n: int, seed: int = 0, **kwargs: Any) -> list[dict[str, Any]]:
-            draw = random.Random(seed)
-            return [dict(draw.choice(rows)) for _ in range(n)]
-
-        return build
+        return rows_builder(self.dataset)
 
     def __repr__(self) -> str:
         kind = "streamable HTTP" if is_url(self.server) else "stdio"

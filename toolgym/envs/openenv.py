@@ -39,7 +39,6 @@ import atexit
 import contextlib
 import dataclasses
 import json
-import random
 import re
 import urllib.request
 import weakref
@@ -51,6 +50,7 @@ from toolgym.envs.calls import Demonstration, ToolCall, ToolResult
 from toolgym.envs.inline import InlineStep
 from toolgym.envs.mcp import MCPTool, _no_model, _unbound
 from toolgym.envs.mcp_session import submit
+from toolgym.envs.rows import rows_builder
 from toolgym.envs.stepping import Executor, Stepper
 from toolgym.envs.tools import Tool, render_result
 
@@ -142,15 +142,7 @@ class OpenEnv:
     @property
     def dataset_builder(self) -> Callable[..., Any] | None:
         """`dataset` as a registry builder `f(n, seed)` (rows drawn by seed), or None."""
-        if self.dataset is None or callable(self.dataset):
-            return self.dataset
-        rows = [dict(row) for row in self.dataset]
-
-        def build(n: int, seed: int = 0, **kwargs: Any) -> list[dict[str, Any]]:
-            draw = random.Random(seed)
-            return [dict(draw.choice(rows)) for _ in range(n)]
-
-        return build
+        return rows_builder(self.dataset)
 
     def __repr__(self) -> str:
         return (

@@ -35,7 +35,11 @@ def template_id(path: Path) -> str:
 @functools.cache
 def template_tokenizer(path: Path) -> Any:
     """The tiny tokenizer with `path`'s template and its special markers."""
-    template = path.read_text()
+    return tokenizer_for(path.read_text())
+
+
+def tokenizer_for(template: str) -> Any:
+    """The tiny tokenizer with `template` and its special markers."""
     tokenizer = tiny_tokenizer()
     markers = sorted(set(_SPECIAL.findall(template)))
     tokenizer.add_special_tokens(

@@ -248,3 +248,45 @@ def test_scan_answers_as_str_find_from_any_start(text, starts):
         found = scan.search(pattern, start)
         expected = pattern.search(text, start)
         assert (found and found.span()) == (expected and expected.span())
+
+
+# -- the formats from vLLM's example templates, on their own markers -----------------------------
+NEW_UNITS = (
+    "functools[",
+    "functools[{",
+    '{"name": "f", "arguments": {\'a\': 1}}',
+    '{"name": "f", "arguments": {\'a\': ',
+    "{'",
+    '{"',
+    "[{",
+    "{",
+    "<|action_start|><|plugin|>",
+    '<|action_start|><|plugin|>{"name": "f", "arguments": {}}',
+    "<function_call>",
+    "<function_call> {",
+    "<start_function_call>",
+    "<start_function_call>call:f{",
+    "<escape>",
+    ">>>",
+    ">>>f\n{",
+    ">>>f\n{}",
+    "<|python_start|>",
+    "<|python_start|>[f(",
+)
+NEW_FORMATS = ("json_calls", "internlm2", "granite_20b_fc", "functiongemma", "functionary_v32")
+
+
+@pytest.mark.parametrize("name", [*NEW_FORMATS, "pythonic"])
+def test_the_new_formats_read_a_hostile_megabyte_of_their_markers_within_budget(name):
+    over = {}
+    for unit in NEW_UNITS:
+        for text in (unit * (SIZE // len(unit)), "{" * (SIZE // 2) + unit, unit + "'" * SIZE):
+            start = time.perf_counter()
+            _well_formed(PARSERS[name](text))
+            if (seconds := time.perf_counter() - start) > BUDGET_S:
+                over[unit] = round(seconds, 1)
+    assert not over, f"{name} over {BUDGET_S} s on 1 MB: {over}"
+
+
+def test_the_new_formats_are_in_the_hostile_set():
+    assert all(any(name in key.split("/") for key in UNIQUE) for name in NEW_FORMATS)

@@ -366,3 +366,92 @@ def test_typing_survives_odd_schemas_and_keeps_text_that_is_not_json():
     assert calls(PARSERS["pythonic"]("[f(x={1, 2})]")) == ["malformed"]  # a set is no argument
     model_id = '<tool_call>{"name": "f", "arguments": {}, "id": "x"}</tool_call>'
     assert PARSERS["hermes"](model_id).tool_calls[0].id is None  # ids are toolgym's to give
+
+
+# -- formats from vLLM's example templates (issue 29) ---------------------------------------------
+parse_json_calls = PARSERS["json_calls"]
+
+
+def test_json_calls_reads_xlam_lists_llama4_objects_and_phi4_functools():
+    one, two = '{"name": "f", "arguments": {"x": 1}}', '{"name": "g", "parameters": {"y": "a"}}'
+    expected = [("f", {"x": 1}), ("g", {"y": "a"})]
+    for text in (f"[{one}, {two}]", one + two, f"{one},\n{two}", f"{one}; {two}"):
+        parsed = parse_json_calls(text)
+        assert calls(parsed) == expected and parsed.content == "", text
+    parsed = parse_json_calls(f"Let me look. functools[{one}, {two}]")
+    assert calls(parsed) == expected and parsed.content == "Let me look."
+    assert (
+        PARSERS["xlam"] is PARSERS["phi4_mini_json"] is PARSERS["llama4_json"] is parse_json_calls
+    )
+
+
+def test_json_calls_reads_arguments_written_as_python_dicts():
+    """phi-4-mini's and InternLM2's templates print the arguments dict with Jinja's str()."""
+    text = """{"name": "f", "arguments": {'s': "it's", 'b': True, 'n': None}}"""
+    assert calls(parse_json_calls(text)) == [("f", {"s": "it's", "b": True, "n": None})]
+    sets = "functools[{'name': 'f', 'arguments': {'x': {2, 3}}}]"  # a set is no JSON value
+    assert calls(parse_json_calls(sets)) == ["malformed"]
+
+
+def test_json_calls_leaves_prose_alone_and_reports_what_it_cannot_read():
+    for prose in ('{"a": 1} is a dict', "[1, 2]", "Hello {there}", "I used functools.partial"):
+        assert parse_json_calls(prose) == ParsedMessage(prose.strip()), prose
+    cut = parse_json_calls('[{"name": "f", "arguments": {"x": 1}}, {"name": "g", "argu')
+    assert calls(cut) == [("f", {"x": 1}), "malformed"]
+    trailing = parse_json_calls('{"name": "f", "arguments": {}} and then some text')
+    assert calls(trailing) == [("f", {}), "malformed"]
+    assert calls(parse_json_calls("functools[not json]")) == ["malformed"]
+
+
+def test_internlm2_and_granite_20b_fc():
+    text = (
+        'Checking.<|action_start|><|plugin|>\n{"name": "f", "parameters": {"x": 1}}<|action_end|>'
+        '<|action_start|><|plugin|>\n{"name": "g", "arguments": {\'y\': \'a\'}}<|action_end|>'
+    )
+    parsed = PARSERS["internlm2"](text)
+    assert parsed.content == "Checking." and calls(parsed) == [("f", {"x": 1}), ("g", {"y": "a"})]
+    assert calls(PARSERS["internlm2"]('<|action_start|><|plugin|>\n{"name"')) == ["malformed"]
+    text = '<function_call> {"name": "f", "arguments": {"x": 1}}\n<function_call> {"name": "g"}'
+    assert calls(PARSERS["granite_20b_fc"](text)) == [("f", {"x": 1}), ("g", {})]
+    assert calls(PARSERS["granite-20b-fc"]("<function_call> {oops")) == ["malformed"]
+    assert PARSERS["granite_20b_fc"]("no calls here").content == "no calls here"
+
+
+def test_functiongemma_values_and_a_cut_call():
+    text = (
+        "Sure.<start_function_call>call:f{s:<escape>a, {b}<escape>,n:3,l:[1,2]}"
+        "<end_function_call><start_function_call>call:g{}<end_function_call>"
+    )
+    parsed = PARSERS["functiongemma"](text)
+    assert parsed.content == "Sure."
+    assert calls(parsed) == [("f", {"s": "a, {b}", "n": 3, "l": [1, 2]}), ("g", {})]
+    assert calls(PARSERS["functiongemma"]("<start_function_call>call:f{s:")) == ["malformed"]
+
+
+def test_functionary_v32_recipients():
+    text = 'get_weather\n{"city": "Paris"}>>>all\nChecking the time too.>>>get_time\n{}'
+    parsed = PARSERS["functionary_v32"](text)
+    assert calls(parsed) == [("get_weather", {"city": "Paris"}), ("get_time", {})]
+    assert parsed.content == "Checking the time too."
+    assert PARSERS["functionary_v32"]("all\nJust text.") == ParsedMessage("Just text.")
+    assert PARSERS["functionary_v32"]("Plain prose, no recipient.").tool_calls == []
+    assert calls(PARSERS["functionary_v32"]('f\n{"x": ')) == ["malformed"]
+
+
+def test_pythonic_reads_llama4s_python_start_markers():
+    text = 'Sure.<|python_start|>[f(x=1), g(y="a")]<|python_end|>'
+    parsed = PARSERS["llama4_pythonic"](text)
+    assert parsed.content == "Sure." and calls(parsed) == [("f", {"x": 1}), ("g", {"y": "a"})]
+
+
+def test_auto_detection_failure_names_the_closest_parsers():
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = (
+        "{%- for m in messages -%}{{ m.content }}{%- for c in m.tool_calls or [] -%}"
+        '<tool_call>{"name": "{{ c.function.name }}", "args": {{ c.function.arguments | tojson }}}'
+        "</tool_call>{%- endfor -%}{%- endfor -%}"
+    )
+    with pytest.raises(
+        ValueError, match=r"(?s)closest: hermes read get_weather\(\{\}\).*<tool_call>"
+    ):
+        detect_format(tokenizer)

@@ -21,16 +21,18 @@ from toolgym.agents.parsers.base import (
 from toolgym.envs.calls import MalformedToolCall, ToolCall
 
 _LFM2 = ("<|tool_call_start|>", "<|tool_call_end|>")
+_LLAMA4 = ("<|python_start|>", "<|python_end|>")
 _PYTHONIC_LIST = re.compile(r"^\s*\[\s*[A-Za-z_][\w.\-]*\(", re.DOTALL)
 
 
 def parse_pythonic(text: str) -> ParsedMessage:
-    """`[name(key=value, ...), ...]`, between LFM2's `<|tool_call_start|>` markers or as the
-    whole message (Llama 4); values are Python literals."""
-    if _LFM2[0] in text:
-        bodies = blocks(text, *_LFM2)
-        calls = capped((call for body, _ in bodies for call in _pythonic_calls(body.strip())), text)
-        return ParsedMessage(before(text, _LFM2[0]), calls)
+    """`[name(key=value, ...), ...]`, between LFM2's `<|tool_call_start|>` markers or Llama 4's
+    `<|python_start|>` ones, or as the whole message (Llama 4); values are Python literals."""
+    for markers in (_LFM2, _LLAMA4):
+        if markers[0] in text:
+            bodies = blocks(text, *markers)
+            found = (call for body, _ in bodies for call in _pythonic_calls(body.strip()))
+            return ParsedMessage(before(text, markers[0]), capped(found, text))
     if _PYTHONIC_LIST.match(text):
         return ParsedMessage("", _pythonic_calls(text.strip()))
     return ParsedMessage(text.strip())
@@ -165,6 +167,23 @@ def _gemma_call(body: str) -> AnyCall:
     if body[end:].strip():
         return MalformedToolCall(body, "text after the arguments")
     return ToolCall(match.group(1), arguments)
+
+
+_FUNCTIONGEMMA = ("<start_function_call>", "<end_function_call>")
+
+
+def parse_functiongemma(text: str) -> ParsedMessage:
+    """FunctionGemma: `<start_function_call>call:NAME{key:<escape>text<escape>,n:3}
+    <end_function_call>`, Gemma 4's syntax with `<escape>` quoting text values."""
+    if _FUNCTIONGEMMA[0] not in text:
+        return ParsedMessage(text.strip())
+    found = (
+        _gemma_call(body.replace("<escape>", _GEMMA_QUOTE))
+        if closed
+        else MalformedToolCall(body, "cut off")
+        for body, closed in blocks(text, *_FUNCTIONGEMMA)
+    )
+    return ParsedMessage(before(text, _FUNCTIONGEMMA[0]), capped(found, text))
 
 
 _BARE = re.compile(r"[^,}\]]*")

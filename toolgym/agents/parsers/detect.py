@@ -9,18 +9,24 @@ a reasoning block (the reply is taken after the generation prompt, whatever it h
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
+import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from toolgym.agents.parsers.base import ParsedMessage, Parser, type_arguments
 from toolgym.agents.parsers.formats import PARSERS, parser_for_template
-from toolgym.agents.parsers.library import tokenizer_parser
+from toolgym.agents.parsers.library import tokenizer_parser, vllm_parser
+from toolgym.envs.calls import ToolCall
 
 # Specific markers first; formats whose text another format could also read come last.
 DETECTION_ORDER = (
     "harmony",
     "gemma4",
+    "functiongemma",
     "deepseek",
     "kimi_k2",
     "solar",
@@ -30,6 +36,8 @@ DETECTION_ORDER = (
     "nemotron_v2",
     "granite",
     "gigachat",
+    "internlm2",
+    "granite_20b_fc",
     "glm",
     "invoke",
     "xml_function",
@@ -38,6 +46,8 @@ DETECTION_ORDER = (
     "tool_calls_json",
     "hermes",
     "llama3",
+    "functionary_v32",
+    "json_calls",
 )
 
 _USER = "What is the weather in Paris?"
@@ -142,11 +152,15 @@ def render_reply(
 
 
 def detect_format(tokenizer: Any, **template_kwargs: Any) -> str:
-    """The name of the format (a `PARSERS` key, or `"tokenizer"`) the template writes calls in.
+    """The name of the format (a `PARSERS` key, `"tokenizer"`, or `"vllm:<name>"` where only
+    one of vLLM's own tool parsers reads it and vLLM is installed) the template writes calls in.
 
-    Raises ValueError naming the formats tried and showing the rendered call when none fits.
+    Raises ValueError naming the closest parsers and showing the rendered call when none fits.
     """
     replies, errors = [], []
+    parsers = [(name, PARSERS[name]) for name in DETECTION_ORDER]
+    if getattr(tokenizer, "response_template", None) is not None:
+        parsers.insert(0, ("tokenizer", tokenizer_parser(tokenizer)))
     for calls in (2, 1):  # some templates refuse two calls in one turn (Llama 3.x)
         try:
             reply = render_probe(tokenizer, calls, **template_kwargs)
@@ -154,13 +168,8 @@ def detect_format(tokenizer: Any, **template_kwargs: Any) -> str:
             errors.append(error)
             continue
         replies.append(reply)
-        parsers = [(name, PARSERS[name]) for name in DETECTION_ORDER]
-        if getattr(tokenizer, "response_template", None) is not None:
-            parsers.insert(0, ("tokenizer", tokenizer_parser(tokenizer)))
-        for text in reply_candidates(reply.text, tokenizer):
-            for name, parser in parsers:
-                if _reads_back(parser, text, reply.calls):
-                    return name
+        if (name := _first_reading(parsers, reply, tokenizer)) is not None:
+            return name
     if not replies:
         raise errors[-1]
     if PROBE_CALLS[0][0] not in replies[-1].text:
@@ -168,12 +177,94 @@ def detect_format(tokenizer: Any, **template_kwargs: Any) -> str:
             "this chat template does not write tool calls: an assistant turn with tool_calls "
             f"renders as {replies[-1].text[-300:]!r}. Pass a tool-capable chat_template."
         )
-    tried = ", ".join(DETECTION_ORDER)
+    library = vllm_candidates(tokenizer)
+    with _quiet("vllm"):  # vLLM's parsers log a traceback for each text they cannot read
+        for reply in replies:
+            if (name := _first_reading(library, reply, tokenizer)) is not None:
+                return name
     raise ValueError(
-        f"could not tell this chat template's tool-call format: none of the parsers ({tried}) "
-        f"reads back the calls it renders. Pass parser=<name>, 'vllm:<name>' or a callable. "
-        f"The template wrote {PROBE_CALLS[0]} as:\n{replies[-1].text[-600:]}"
+        "could not tell this chat template's tool-call format: none of the parsers "
+        f"({', '.join(DETECTION_ORDER)}{', and vLLM' * bool(library)}'s) reads back the calls "
+        f"it renders; closest: {closest(parsers, replies[-1], tokenizer)}. Pass "
+        f"parser=<name>, 'vllm:<name>' or a callable. The template wrote {PROBE_CALLS[0]} as:"
+        f"\n{replies[-1].text[-600:]}"
     )
+
+
+def _first_reading(parsers: list[tuple[str, Parser]], reply: ProbeReply, tokenizer: Any) -> Any:
+    for text in reply_candidates(reply.text, tokenizer):
+        for name, parser in parsers:
+            if _reads_back(parser, text, reply.calls):
+                return name
+    return None
+
+
+@contextlib.contextmanager
+def _quiet(logger: str) -> Iterator[None]:
+    log = logging.getLogger(logger)
+    level = log.level
+    log.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+# vLLM's parsers that read nothing (stubs) or need what a probe tokenizer lacks.
+_VLLM_SKIP = {"openai", "hf"}
+
+
+def vllm_candidates(tokenizer: Any) -> list[tuple[str, Parser]]:
+    """vLLM's tool parsers as `("vllm:<name>", parser)`, typed by the probe tools (none where
+    vLLM is not installed; a parser that cannot be built for this tokenizer is left out)."""
+    if importlib.util.find_spec("vllm") is None:
+        return []
+    try:
+        from vllm.tool_parsers import ToolParserManager
+
+        names = sorted(ToolParserManager.list_registered())
+    except Exception:  # an installed vLLM that cannot load here reads nothing
+        return []
+    found = []
+    for name in names:
+        if name in _VLLM_SKIP:
+            continue
+        try:
+            found.append((f"vllm:{name}", vllm_parser(name, tokenizer, PROBE_TOOLS)))
+        except Exception:  # a parser that needs tokens this tokenizer lacks, or a broken one
+            continue
+    return found
+
+
+def closest(parsers: list[tuple[str, Parser]], reply: ProbeReply, tokenizer: Any) -> str:
+    """The (at most three) parsers that came nearest to reading the reply back: the most
+    probe calls read with the right name, then the fewest other calls, each with what it read."""
+    expected = PROBE_CALLS[: reply.calls]
+    scored = []
+    for name, parser in parsers:
+        for text in reply_candidates(reply.text, tokenizer):
+            try:
+                read = type_arguments(parser(text), PROBE_TOOLS).tool_calls
+            except Exception:
+                continue
+            named = sum(getattr(c, "name", None) in dict(expected) for c in read)
+            exact = sum(call in expected for call in _calls(ParsedMessage("", read)))
+            if read:
+                scored.append((-exact, -named, len(read), name, _describe(read)))
+                break
+    if not scored:
+        return "no parser found a call in it"
+    return "; ".join(f"{name} read {what}" for *_, name, what in sorted(scored)[:3])
+
+
+def _describe(calls: list[Any]) -> str:
+    said = [
+        f"{call.name}({call.arguments})"
+        if isinstance(call, ToolCall)
+        else f"a malformed call ({call.reason})"
+        for call in calls[:2]
+    ]
+    return ", ".join(said) + (f" and {len(calls) - 2} more" if len(calls) > 2 else "")
 
 
 def detect_parser(tokenizer: Any, **template_kwargs: Any) -> Parser:
@@ -181,6 +272,8 @@ def detect_parser(tokenizer: Any, **template_kwargs: Any) -> Parser:
     name = detect_format(tokenizer, **template_kwargs)
     if name == "tokenizer":
         return tokenizer_parser(tokenizer)
+    if name.startswith("vllm:"):
+        return vllm_parser(name.removeprefix("vllm:"), tokenizer)
     template = template_kwargs.get("chat_template") or getattr(tokenizer, "chat_template", None)
     return parser_for_template(name, template)
 

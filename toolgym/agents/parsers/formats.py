@@ -7,7 +7,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolgym.agents.parsers.base import ParsedMessage, Parser, first_of, split_reasoning
-from toolgym.agents.parsers.call_syntax import parse_gemma4, parse_pythonic
+from toolgym.agents.parsers.call_syntax import parse_functiongemma, parse_gemma4, parse_pythonic
+from toolgym.agents.parsers.json_calls import (
+    parse_functionary_v32,
+    parse_granite_20b_fc,
+    parse_internlm2,
+    parse_json_calls,
+)
 from toolgym.agents.parsers.json_formats import (
     parse_apertus,
     parse_deepseek,
@@ -59,7 +65,7 @@ FORMATS: dict[str, Format] = {
     ),
     "pythonic": Format(
         parse_pythonic,
-        "LFM2 / LFM2.5, Llama 4",
+        "LFM2 / LFM2.5, Llama 4 (pythonic, also in `<|python_start|>`)",
         "<|tool_call_start|>[f(x=1)]<|tool_call_end|>",
     ),
     "llama3": Format(
@@ -122,6 +128,29 @@ FORMATS: dict[str, Format] = {
         "Solar Open",
         '<|tool_call:begin|>id<|tool_call:name|>f<|tool_call:args|>{"x": 1}<|tool_call:end|>',
     ),
+    "json_calls": Format(
+        parse_json_calls,
+        "xLAM (a JSON list), Llama 4 JSON (objects back to back), phi-4-mini (`functools[...]`)",
+        '[{"name": "f", "arguments": {"x": 1}}]',
+    ),
+    "internlm2": Format(
+        parse_internlm2,
+        "InternLM2 / 2.5",
+        '<|action_start|><|plugin|>{"name": "f", "parameters": {"x": 1}}<|action_end|>',
+    ),
+    "granite_20b_fc": Format(
+        parse_granite_20b_fc,
+        "Granite-20B-FunctionCalling",
+        '<function_call> {"name": "f", "arguments": {"x": 1}}',
+    ),
+    "functionary_v32": Format(
+        parse_functionary_v32, "Functionary v3.2", '>>>f\n{"x": 1}>>>all\ntext for the user'
+    ),
+    "functiongemma": Format(
+        parse_functiongemma,
+        "FunctionGemma",
+        "<start_function_call>call:f{x:1,s:<escape>a<escape>}<end_function_call>",
+    ),
 }
 
 _ALIASES = {
@@ -134,6 +163,12 @@ _ALIASES = {
     "deepseek_v3": "deepseek",
     "deepseek_v31": "deepseek",
     "gpt_oss": "harmony",
+    "xlam": "json_calls",
+    "llama4_json": "json_calls",
+    "phi4_mini_json": "json_calls",
+    "internlm": "internlm2",
+    "granite-20b-fc": "granite_20b_fc",
+    "llama4_pythonic": "pythonic",
 }
 _OWN_REASONING = {"harmony", "gemma4"}
 

@@ -272,6 +272,14 @@ NEW_UNITS = (
     ">>>f\n{}",
     "<|python_start|>",
     "<|python_start|>[f(",
+    "<function_calls>",
+    "<function_calls>\nf(x=1)\n",
+    "f(x=1)\n",
+)
+# OLMo 3's calls one per line, a megabyte of them after one marker (one- and multi-line calls)
+LINES = (
+    "<function_calls>\n" + "f(x=1)\n" * (SIZE // 7),
+    "<function_calls>\n" + "f(x='''a\n\n''')\n" * (SIZE // 14),
 )
 NEW_FORMATS = ("json_calls", "internlm2", "granite_20b_fc", "functiongemma", "functionary_v32")
 
@@ -286,6 +294,14 @@ def test_the_new_formats_read_a_hostile_megabyte_of_their_markers_within_budget(
             if (seconds := time.perf_counter() - start) > BUDGET_S:
                 over[unit] = round(seconds, 1)
     assert not over, f"{name} over {BUDGET_S} s on 1 MB: {over}"
+
+
+def test_pythonic_reads_a_megabyte_of_calls_one_per_line_within_budget():
+    for text in LINES:
+        start = time.perf_counter()
+        parsed = PARSERS["olmo3"](text[:SIZE])
+        assert time.perf_counter() - start < BUDGET_S
+        assert parsed.tool_calls[-1].reason == too_many_calls()
 
 
 def test_the_new_formats_are_in_the_hostile_set():

@@ -438,6 +438,15 @@ def test_functionary_v32_recipients():
     assert calls(PARSERS["functionary_v32"]('f\n{"x": ')) == ["malformed"]
 
 
+def test_pythonic_reads_olmo3s_calls_one_per_line():
+    text = "Sure.<function_calls>\nf(s='a', b=true, n=null)\ng(l=[1, 2])\n</function_calls>"
+    parsed = PARSERS["olmo3"](text)
+    assert parsed.content == "Sure."
+    assert calls(parsed) == [("f", {"s": "a", "b": True, "n": None}), ("g", {"l": [1, 2]})]
+    assert calls(PARSERS["olmo3"]("<function_calls>\nx = 1\n</function_calls>")) == ["malformed"]
+    assert calls(PARSERS["olmo3"]("<function_calls>\nf(a=")) == ["malformed"]
+
+
 def test_pythonic_reads_llama4s_python_start_markers():
     text = 'Sure.<|python_start|>[f(x=1), g(y="a")]<|python_end|>'
     parsed = PARSERS["llama4_pythonic"](text)

@@ -22,12 +22,19 @@ from toolgym.envs.calls import MalformedToolCall, ToolCall
 
 _LFM2 = ("<|tool_call_start|>", "<|tool_call_end|>")
 _LLAMA4 = ("<|python_start|>", "<|python_end|>")
+_OLMO3 = ("<function_calls>", "</function_calls>")
 _PYTHONIC_LIST = re.compile(r"^\s*\[\s*[A-Za-z_][\w.\-]*\(", re.DOTALL)
 
 
 def parse_pythonic(text: str) -> ParsedMessage:
     """`[name(key=value, ...), ...]`, between LFM2's `<|tool_call_start|>` markers or Llama 4's
-    `<|python_start|>` ones, or as the whole message (Llama 4); values are Python literals."""
+    `<|python_start|>` ones, or as the whole message (Llama 4); or one call per line, without
+    brackets, in OLMo 3's `<function_calls>`. Values are Python literals (or JSON's `true`,
+    `false`, `null`)."""
+    if _OLMO3[0] in text:  # one call per line, no list brackets
+        bodies = blocks(text, *_OLMO3)
+        found = (call for body, _ in bodies for call in _statement_calls(body.strip()))
+        return ParsedMessage(before(text, _OLMO3[0]), capped(found, text))
     for markers in (_LFM2, _LLAMA4):
         if markers[0] in text:
             bodies = blocks(text, *markers)
@@ -55,11 +62,43 @@ def _pythonic_calls(source: str) -> list[AnyCall]:
     return capped((_pythonic_call(item, segments.of(item) or source) for item in items), source)
 
 
-def _pythonic_call(item: ast.expr, text: str) -> AnyCall:
+def _statement_calls(source: str) -> list[AnyCall]:
+    """Calls one per line (Python statements), or one list of them. Past `MAX_CALLS` lines, the
+    first lines are read alone when they already hold more calls than are read."""
+    lines = source.split("\n", MAX_CALLS + 1)
+    if len(lines) > MAX_CALLS + 1:
+        head = _statement_calls("\n".join(lines[: MAX_CALLS + 1]))
+        if len(head) > MAX_CALLS:
+            return head
+    try:
+        statements = ast.parse(source, mode="exec").body
+    except SyntaxError as error:
+        return [MalformedToolCall(source, f"not Python calls, one per line ({error.msg})")]
+    except DECODE_ERRORS as error:
+        return [MalformedToolCall(source, f"unreadable call ({type(error).__name__})")]
+    items: list[ast.AST] = [s.value if isinstance(s, ast.Expr) else s for s in statements]
+    if len(items) == 1 and isinstance(items[0], (ast.List, ast.Tuple)):
+        items = list(items[0].elts)
+    if not items:
+        return [MalformedToolCall(source, "a tool-call block without a call")]
+    segments = _Segments(source)
+    return capped((_pythonic_call(item, segments.of(item) or source) for item in items), source)
+
+
+_JSON_NAMES = {"true": True, "false": False, "null": None}
+
+
+def _literal(node: ast.expr) -> Any:
+    if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
+        return _JSON_NAMES[node.id]
+    return ast.literal_eval(node)
+
+
+def _pythonic_call(item: ast.AST, text: str) -> AnyCall:
     if not isinstance(item, ast.Call) or item.args:
         return MalformedToolCall(text, "expected name(key=value, ...)")
     try:
-        arguments = {kw.arg: ast.literal_eval(kw.value) for kw in item.keywords if kw.arg}
+        arguments = {kw.arg: _literal(kw.value) for kw in item.keywords if kw.arg}
         json.dumps(arguments)  # sets, bytes and complex numbers are no tool arguments
         name = ast.unparse(item.func)
     except (TypeError, *DECODE_ERRORS):

@@ -65,7 +65,8 @@ FORMATS: dict[str, Format] = {
     ),
     "pythonic": Format(
         parse_pythonic,
-        "LFM2 / LFM2.5, Llama 4 (pythonic, also in `<|python_start|>`)",
+        "LFM2 / LFM2.5, Llama 4 (also in `<|python_start|>`), OLMo 3 (`<function_calls>`, a call "
+        "per line)",
         "<|tool_call_start|>[f(x=1)]<|tool_call_end|>",
     ),
     "llama3": Format(
@@ -169,6 +170,7 @@ _ALIASES = {
     "internlm": "internlm2",
     "granite-20b-fc": "granite_20b_fc",
     "llama4_pythonic": "pythonic",
+    "olmo3": "pythonic",
 }
 _OWN_REASONING = {"harmony", "gemma4"}
 

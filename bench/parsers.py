@@ -12,6 +12,10 @@ public packages):
   the same format where vLLM has one that runs on the corpus tokenizer (the peer, same texts,
   same run).
 
+`--templates DIR` surveys the `*.jinja` files of another folder instead (e.g. vLLM's
+`examples/tool_chat_template_*.jinja`); a format only vLLM's own parsers read shows as
+`vllm:<name>`.
+
 With `--hostile`, instead: per parser (every name in `PARSERS`), the worst time over the
 hostile texts of `tests/hostile_text.py` (repeated opening markers with no close, long call
 lists, deep nesting, unterminated JSON) at `--size` characters, and its ratio to a linear
@@ -19,7 +23,7 @@ baseline measured in the same run (`json.loads` of a JSON list of calls of the s
 parse that would run past `--cap` seconds is not run at full size: its time is extrapolated from
 two smaller sizes (marked `~`). Speed targets are printed here, never asserted in tests.
 
-    python bench/parsers.py [--turns 10000] [--no-vllm]
+    python bench/parsers.py [--turns 10000] [--no-vllm] [--templates DIR]
     python bench/parsers.py --hostile [--size 1048576] [--cap 30] [--show 1]
 """
 
@@ -39,7 +43,7 @@ from hostile_text import HOSTILE
 from template_corpus import TEMPLATES, template_tokenizer
 
 from toolgym.agents.chat import ChatRenderer, TemplateError
-from toolgym.agents.parsers import PARSERS, detect_format, type_arguments
+from toolgym.agents.parsers import PARSERS, Parser, detect_format, type_arguments, vllm_parser
 from toolgym.agents.parsers.detect import (
     PROBE_CALLS,
     PROBE_TOOLS,
@@ -59,15 +63,26 @@ VLLM_PEERS = {
     "llama3": "llama3_json",
     "gemma4": "gemma4",
     "invoke": "minimax_m2",
+    "json_calls": "xlam",
+    "internlm2": "internlm",
+    "granite_20b_fc": "granite-20b-fc",
+    "functiongemma": "functiongemma",
 }
 
 
-def survey() -> tuple[dict, list[float], dict[str, str]]:
+def _parser(name: str, tokenizer) -> Parser:
+    """A detected format's parser: built in, or vLLM's (`vllm:<name>`)."""
+    if name.startswith("vllm:"):
+        return vllm_parser(name.removeprefix("vllm:"), tokenizer, PROBE_TOOLS)
+    return PARSERS[name]
+
+
+def survey(templates: list[Path]) -> tuple[dict, list[float], dict[str, str]]:
     """Per format: templates, correct detections, prefix verdicts; detection times; a sample
     reply text per format."""
     table: dict[str, Counter] = defaultdict(Counter)
     times, samples = [], {}
-    for path in TEMPLATES:
+    for path in templates:
         tokenizer = template_tokenizer(path)
         start = time.perf_counter()
         try:
@@ -102,7 +117,8 @@ def _reads_back(name: str, tokenizer, count: int) -> bool:
     if count == 2 and PROBE_CALLS[1][0] not in reply.text:
         return True
     texts = reply_candidates(reply.text, tokenizer)
-    return any(_read(PARSERS[name], text) == PROBE_CALLS[:count] for text in texts)
+    parser = _parser(name, tokenizer)
+    return any(_read(parser, text) == PROBE_CALLS[:count] for text in texts)
 
 
 def _read(parser, text: str) -> list:
@@ -120,7 +136,7 @@ def _reason(message: str) -> str:
 def parse_speed(samples: dict, turns: int, with_vllm: bool) -> list[tuple[str, float, str]]:
     rows = []
     for name, (text, tokenizer) in sorted(samples.items()):
-        parser = PARSERS[name]
+        parser = _parser(name, tokenizer)
         candidates = reply_candidates(text, tokenizer)
         text = next((t for t in candidates if _read(parser, t) == PROBE_CALLS[:1]), candidates[-1])
         start = time.perf_counter()
@@ -208,13 +224,15 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=1 << 20, help="hostile text size (chars)")
     parser.add_argument("--cap", type=float, default=30.0, help="extrapolate past this (s)")
     parser.add_argument("--show", type=int, default=1, help="slowest texts shown per parser")
+    parser.add_argument("--templates", type=Path, help="survey this folder's *.jinja instead")
     args = parser.parse_args()
     if args.hostile:
         hostile(args.size, args.cap, args.show)
         return
-    table, times, samples = survey()
-    sources = Counter(path.parent.name for path in TEMPLATES)
-    print(f"{len(TEMPLATES)} templates ({dict(sources)})\n")
+    templates = sorted(args.templates.glob("*.jinja")) if args.templates else TEMPLATES
+    table, times, samples = survey(templates)
+    sources = Counter(path.parent.name for path in templates)
+    print(f"{len(templates)} templates ({dict(sources)})\n")
     columns = [
         "templates",
         "read back",

@@ -473,7 +473,7 @@ def local_run(args: argparse.Namespace, tokenizer: Any) -> Result:
     timings = Timings()
     with MemoryPeak() as memory:
         started = time.perf_counter()
-        envs = [env_class() for _ in range(args.episodes)]
+        envs = [toolgym.as_environment(env_class()) for _ in range(args.episodes)]
         start_seconds = time.perf_counter() - started
         before = memory.cpu()
         with timings.installed():

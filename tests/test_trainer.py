@@ -101,6 +101,8 @@ def test_warmup_fits_demonstrations_and_training_logs_everything(tokenizer, tmp_
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2]
     assert {"reward", "success_rate", "loss", "statuses", "step_seconds"} <= set(history[0])
+    # transformers samples from the policy itself: a sync hands over no bytes
+    assert history[0]["weight_sync_bytes"] == 0 and history[0]["weight_sync_seconds"] >= 0
     assert {"env/valid_guesses", "env/consistent_guesses", "env/win"} <= set(history[0])
     assert set(figures["env"]) == set(episodes[0].env_metrics) >= {"greens_found", "win"}
     assert len(load_jsonl(tmp_path / "samples.jsonl")) == 2 * 2 * 3

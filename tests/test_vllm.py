@@ -66,6 +66,9 @@ def test_the_trainer_samples_with_vllm_and_pushes_every_update(tmp_path, lora):
         before = trainer.engine.generate([request])[0]
         history = trainer.train()
         assert len(history) == 2 and all(m["excluded"] == 0 for m in history)
+        parameters = sum(p.numel() * p.element_size() for p in trainer.learner.policy.parameters())
+        # the whole policy crosses to vLLM each step (tied embeddings are sent once or twice)
+        assert all(m["weight_sync_bytes"] >= parameters * 0.5 for m in history), history
         served = trainer.engine.generate([request])[0]
         # vLLM's logprobs are the trained model's (transformers, teacher-forced on the same
         # tokens), and that model scores the tokens vLLM sampled before the steps differently.

@@ -8,6 +8,7 @@ from which class it is.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,7 @@ def shares_servers(engine: Any) -> bool:
     return getattr(engine, "pool", None) is not None
 
 
-def sync_weights(engine: Any, policy: Any, accelerator: Any = None) -> None:
+def sync_weights(engine: Any, policy: Any, accelerator: Any = None) -> dict[str, float]:
     """Give `engine` the policy's current weights: the model itself where it samples from it
     (transformers), else its state dict with any LoRA adapters merged (vLLM).
 
@@ -73,16 +74,23 @@ def sync_weights(engine: Any, policy: Any, accelerator: Any = None) -> None:
     are synced once, by the main process, while the others wait at a barrier until every
     server holds the new weights: each process writing the same folder and reloading every
     server would sync each server once per process, and a server could read the file while
-    another process rewrites it."""
+    another process rewrites it.
+
+    Returns the step's figures: `weight_sync_seconds` (this process's wall time, the wait
+    included) and `weight_sync_bytes` (what this process handed the engine: 0 where the
+    engine samples from the policy itself or another process synced)."""
+    started, sent = time.perf_counter(), 0
     shared = accelerator is not None and accelerator.num_processes > 1 and shares_servers(engine)
-    if shared and not accelerator.is_main_process:
-        accelerator.wait_for_everyone()  # the main process syncs the servers meanwhile
-        return
     try:
-        if capabilities(engine).update_with == "model":
+        if shared and not accelerator.is_main_process:
+            pass  # the main process syncs the servers meanwhile
+        elif capabilities(engine).update_with == "model":
             engine.update_weights(policy)
         else:
-            engine.update_weights(policy_state_dict(policy))
+            state = policy_state_dict(policy)
+            sent = sum(t.numel() * t.element_size() for t in state.values())
+            engine.update_weights(state)
     finally:
         if shared:  # even when a sync failed: the others must not wait for the timeout
             accelerator.wait_for_everyone()
+    return {"weight_sync_seconds": time.perf_counter() - started, "weight_sync_bytes": sent}

@@ -109,9 +109,8 @@ class GRPOTrainer:
             self.agent, self._make_env, self.train_rows, args, reward_funcs or [], rollout_fn,
             process, self.stages,
         )  # fmt: skip
-        self.step = 0
+        self.step, self._last_step_end = 0, 0.0
         self._engine_version = 0  # the step whose weights the engine samples from
-        self._last_step_end = 0.0
         self.stopped_by = ""
         """Why the last `train()` ended: "max_steps" or the `max_seconds` budget."""
         self.budget = StepBudget(args.max_seconds, 0)
@@ -228,7 +227,7 @@ class GRPOTrainer:
             self._sync_engine()
         outcomes = self.learner.gather([outcome(t) for t in trajectories])
         metrics = step_metrics(everyone, outcomes, rollouts.sources, used, self.args)
-        metrics.update(loss_stats)
+        metrics.update(loss_stats | self._sync_figures)  # the sync's seconds and bytes
         metrics.update(
             rollout_seconds=rollouts.seconds,
             update_seconds=time.perf_counter() - update_started,
@@ -339,7 +338,7 @@ class GRPOTrainer:
 
     def _sync_engine(self) -> None:
         """Give the engine the policy's current weights."""
-        sync_weights(self.engine, self._unwrapped, self.accelerator)
+        self._sync_figures = sync_weights(self.engine, self._unwrapped, self.accelerator)
         self._engine_version = self.step
 
 

@@ -26,10 +26,8 @@ Figures are printed, never asserted.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,7 +36,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+# this script's folder is on sys.path: the add tool, its MCP server and the timers are shared
+from mcp_calls import SERVER as MCP_SERVER
+from mcp_calls import add, summary, timed_calls, timed_resets
+
 import toolgym
+from toolgym.envs.mcp_session import require_sdk
 
 SERVER = textwrap.dedent(
     '''
@@ -105,35 +108,6 @@ ADDER = textwrap.dedent(
 )
 
 
-def add(a: int, b: int) -> int:
-    """Add two numbers.
-
-    Args:
-        a: The first.
-        b: The second.
-    """
-    return a + b
-
-
-def timed_steps(env, name: str, calls: int, warmup: int, use_async: bool) -> list[float]:
-    """Seconds per `step` (or `astep`, all in one event loop) of one call, after `warmup`."""
-    call = toolgym.ToolCall(name, {"a": 2, "b": 3})
-
-    async def steps() -> list[float]:
-        times = []
-        for index in range(warmup + calls):
-            start = time.perf_counter()
-            result = await env.astep(call) if use_async else env.step(call)
-            elapsed = time.perf_counter() - start
-            if result.messages[0]["content"] != "5":
-                raise RuntimeError(f"unexpected result {result.messages}")
-            if index >= warmup:
-                times.append(elapsed)
-        return times
-
-    return asyncio.run(steps())
-
-
 def timed_client(url: str, action: dict, calls: int, warmup: int) -> list[float]:
     """Seconds per `step` of openenv-core's own sync client."""
     from openenv.core import GenericEnvClient
@@ -149,24 +123,11 @@ def timed_client(url: str, action: dict, calls: int, warmup: int) -> list[float]
     return times
 
 
-def timed_resets(make, name: str, resets: int) -> float:
-    """Median seconds of a fresh instance's reset and first step."""
-    times = []
-    for _ in range(resets):
-        env = make()
-        start = time.perf_counter()
-        env.reset(seed=0)
-        env.step(toolgym.ToolCall(name, {"a": 1, "b": 1}))
-        times.append(time.perf_counter() - start)
-        env.close()
-    return statistics.median(times)
-
-
 def timed_mcp(folder: str, calls: int, warmup: int, use_async: bool) -> list[float]:
-    """`timed_steps` through `toolgym.mcp` over bench/mcp_calls.py's stdio server; [] without
+    """`timed_calls` through `toolgym.mcp` over bench/mcp_calls.py's stdio server; [] without
     the mcp SDK."""
     try:
-        from mcp_calls import SERVER as MCP_SERVER  # this script's folder is on sys.path
+        require_sdk()
     except ImportError:
         return []
     (Path(folder) / "mcp_add.py").write_text(MCP_SERVER)
@@ -175,14 +136,7 @@ def timed_mcp(folder: str, calls: int, warmup: int, use_async: bool) -> list[flo
         toolgym.mcp([sys.executable, f"{folder}/mcp_add.py"], errlog=quiet)() as env,
     ):
         env.reset(seed=0)
-        return timed_steps(env, "add", calls, warmup, use_async)
-
-
-def summary(times: list[float]) -> tuple[float, float]:
-    """(median, p99) in microseconds."""
-    ordered = sorted(times)
-    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
-    return statistics.median(ordered) * 1e6, p99 * 1e6
+        return timed_calls(env, calls, warmup, use_async)
 
 
 @contextlib.contextmanager
@@ -240,14 +194,14 @@ def main() -> None:
             remote = toolgym.openenv(url)
             with remote() as env:
                 env.reset(seed=0)
-                local_times = timed_steps(local, "add", n, w, use_async)
-                openenv_times = timed_steps(env, "add", n, w, use_async)
+                local_times = timed_calls(local, n, w, use_async)
+                openenv_times = timed_calls(env, n, w, use_async)
             client_times = timed_client(url, {"a": 2, "b": 3}, n, w)
             call = {"tool": "add", "arguments": {"a": 2, "b": 3}}
             served_times = timed_client(served, call, n, w)
             mcp_times = timed_mcp(folder, n, w, use_async)
-            local_reset = timed_resets(lambda: toolgym.as_environment([add]), "add", args.resets)
-            openenv_reset = timed_resets(remote, "add", args.resets)
+            local_reset = timed_resets(lambda: toolgym.as_environment([add]), args.resets)
+            openenv_reset = timed_resets(remote, args.resets)
 
     rows = [
         ("local", local_times),

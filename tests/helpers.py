@@ -167,3 +167,27 @@ def play_wordle_token_exact(agent: Agent, episodes: int) -> list[Trajectory]:
 def inline_agent(tokenizer, replies: list[str], **limits) -> Agent:
     engine = ScriptedEngine([ids(tokenizer, r) for r in replies], tokenizer=tokenizer)
     return Agent(engine, tokenizer, limits=AgentLimits(**limits))
+
+
+def one_grpo_step(env, rows, output_dir, max_turns=2, max_new_tokens=24, max_tokens=300) -> dict:
+    """One GRPO step of the tiny offline model against `env` (one prompt, a group of two);
+    the step's metrics."""
+    from toolgym.algorithms import GRPOConfig, GRPOTrainer
+    from toolgym.testing import tiny_tokenizer
+
+    args = GRPOConfig(
+        output_dir=str(output_dir),
+        max_steps=1,
+        prompts_per_step=1,
+        num_generations=2,
+        micro_batch_size=2,
+        limits=AgentLimits(
+            max_turns=max_turns, max_new_tokens=max_new_tokens, max_episode_tokens=max_tokens
+        ),
+        parser="hermes",
+        progress_bar=False,
+    )
+    tokenizer = tiny_tokenizer()
+    trainer = GRPOTrainer(tiny_model(tokenizer), env, rows, args=args, tokenizer=tokenizer)
+    (metrics,) = trainer.train()
+    return metrics

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import one_grpo_step
 
 import toolgym
 from toolgym.envs.mcp import MCPEpisode
@@ -298,32 +299,11 @@ def test_a_scripted_agent_calls_a_pypi_mcp_server(quiet):
 
 
 def test_grpo_trains_one_step_against_a_pypi_mcp_server(tmp_path, quiet):
-    from toolgym.agents import AgentLimits
-    from toolgym.algorithms import GRPOConfig, GRPOTrainer
-    from toolgym.testing import tiny_model, tiny_tokenizer
-
     env = time_server(
         reward=tokyo_time, dataset=[{"prompt": TIME_QUESTION}], max_turns=2, errlog=quiet
     )
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        max_steps=1,
-        prompts_per_step=1,
-        num_generations=2,
-        micro_batch_size=2,
-        limits=AgentLimits(max_turns=2, max_new_tokens=24, max_episode_tokens=300),
-        parser="hermes",
-        progress_bar=False,
-    )
-    tokenizer = tiny_tokenizer()
-    trainer = GRPOTrainer(
-        tiny_model(tokenizer),
-        env,  # the factory itself (an id registered with it works the same)
-        env.dataset_builder(2, seed=0),
-        args=args,
-        tokenizer=tokenizer,
-    )
-    (metrics,) = trainer.train()
+    # the factory itself as env (an id registered with it works the same)
+    metrics = one_grpo_step(env, env.dataset_builder(2, seed=0), tmp_path)
     assert metrics["statuses"].get("env_error", 0) == 0
     assert "loss" in metrics and metrics["reward"] == 0.0  # a random model never says 22:00
 

@@ -15,6 +15,7 @@ from typing import Any
 from uuid import uuid4
 
 import pytest
+from helpers import one_grpo_step
 
 import toolgym
 
@@ -211,30 +212,9 @@ def test_a_scripted_agent_plays_an_openenv_server(url):
 
 
 def test_grpo_trains_one_step_against_an_openenv_server(url, tmp_path):
-    from toolgym.agents import AgentLimits
-    from toolgym.algorithms import GRPOConfig, GRPOTrainer
-    from toolgym.testing import tiny_model, tiny_tokenizer
-
     env = toolgym.openenv(url, dataset=[{"prompt": "Find the word.", "secret": "slate"}])
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        max_steps=1,
-        prompts_per_step=1,
-        num_generations=2,
-        micro_batch_size=2,
-        limits=AgentLimits(max_turns=2, max_new_tokens=24, max_episode_tokens=300),
-        parser="hermes",
-        progress_bar=False,
-    )
-    tokenizer = tiny_tokenizer()
-    trainer = GRPOTrainer(
-        tiny_model(tokenizer),
-        env,  # the factory itself (an id registered with it works the same)
-        env.dataset_builder(2, seed=0),
-        args=args,
-        tokenizer=tokenizer,
-    )
-    (metrics,) = trainer.train()
+    # the factory itself as env (an id registered with it works the same)
+    metrics = one_grpo_step(env, env.dataset_builder(2, seed=0), tmp_path)
     assert metrics["statuses"].get("env_error", 0) == 0
     assert "loss" in metrics
 

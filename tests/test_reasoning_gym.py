@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import one_grpo_step
 
 pytest.importorskip("reasoning_gym")
 
@@ -123,29 +124,8 @@ def test_toolgym_eval_on_held_out_rows(model_folder, capsys):
 
 
 def test_grpo_trains_one_step_on_a_task(tmp_path):
-    from toolgym.agents import AgentLimits
-    from toolgym.algorithms import GRPOConfig, GRPOTrainer
-    from toolgym.testing import tiny_model, tiny_tokenizer
-
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        max_steps=1,
-        prompts_per_step=1,
-        num_generations=2,
-        micro_batch_size=2,
-        limits=AgentLimits(max_turns=1, max_new_tokens=8, max_episode_tokens=400),
-        parser="hermes",
-        progress_bar=False,
-    )
-    tokenizer = tiny_tokenizer()
-    rows = toolgym.spec("reasoning-gym/basic_arithmetic").dataset(2, seed=0)
-    trainer = GRPOTrainer(
-        tiny_model(tokenizer),
-        "reasoning-gym/basic_arithmetic",
-        rows,
-        args=args,
-        tokenizer=tokenizer,
-    )
-    (metrics,) = trainer.train()
+    task = "reasoning-gym/basic_arithmetic"
+    rows = toolgym.spec(task).dataset(2, seed=0)
+    metrics = one_grpo_step(task, rows, tmp_path, max_turns=1, max_new_tokens=8, max_tokens=400)
     assert metrics["statuses"].get("env_error", 0) == 0
     assert "loss" in metrics and 0.0 <= metrics["reward"] <= 1.0

@@ -9,16 +9,23 @@
 over its WebSocket, `/ws`: one environment instance on the server per session, opened at the
 first reset and reused by the instance's later episodes).
 
-- **One tool.** An openenv-core server takes exactly one action class (`create_app(env,
-  action_cls, observation_cls)`) and publishes its JSON schema at `/schema`; that schema is
-  the tool's parameters (less the `metadata` field every `Action` has, which is not the
-  model's to fill), its description the tool's description, and the tool is named `tool_name`
-  (default: the class's name less `Action`, in snake case: `EchoAction` -> `echo`). An action
+- **MCP tools.** A server whose action class is openenv-core's `CallToolAction` (an
+  `MCPEnvironment`, OpenEnv's tool environments) has one toolgym tool per MCP tool it lists
+  (name, description, input schema; `tools=` keeps those named), each call a `call_tool`
+  step; results, errors and images as `toolgym.envs.openenv_mcp` says. Found from
+  `/schema` (`mcp=True`/`False` decides instead).
+- **One tool** (any other server). An openenv-core server takes exactly one action class
+  (`create_app(env, action_cls, observation_cls)`) and publishes its JSON schema at `/schema`;
+  that schema is the tool's parameters (less the `metadata` field every `Action` has, which
+  is not the model's to fill), its description the tool's description, and the tool is named
+  `tool_name` (default: the class's name less `Action`, in snake case: `EchoAction` ->
+  `echo`). An action
   class with several kinds (a `Literal` field) is one tool whose argument is an enum.
   Arguments are checked against the schema before the server sees them.
 - **Observations** are tool messages: an observation with one field is that field's value
   (a string as it is), else its fields as JSON (`observation=f` renders it your way: `f(dict)
-  -> str`). The reset's observation is the first observation (appended to the prompt).
+  -> str`; for MCP tools, the reset's only). The reset's observation is the first observation
+  (appended to the prompt).
 - **Reward and end**: every step's `reward` is kept; the episode's reward is their sum
   (`reward="last"`: the last one given), and None while the server has given none (OpenEnv's
   default: "no reward", left to the trainer's reward functions). `done` ends the episode.
@@ -42,7 +49,7 @@ import json
 import re
 import urllib.request
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +57,7 @@ from toolgym.envs.calls import Demonstration, ToolCall, ToolResult
 from toolgym.envs.inline import InlineStep
 from toolgym.envs.mcp import MCPTool, _no_model, _unbound
 from toolgym.envs.mcp_session import submit
+from toolgym.envs.openenv_mcp import call_action, call_result, listed_tools, mcp_action
 from toolgym.envs.rows import rows_builder
 from toolgym.envs.stepping import Executor, Stepper
 from toolgym.envs.tools import Tool, render_result
@@ -107,7 +115,12 @@ class OpenEnv:
     max_turns: int | None = None
     timeout: float = 60.0
     """Seconds to connect, and for a reset or a step to answer."""
+    mcp: bool | None = None
+    """One tool per MCP tool (True), the action as one tool (False), or as `/schema` says."""
+    tools: Sequence[str] | None = None
+    """The MCP tools the model sees (default: all the server lists)."""
     _tools: dict[str, Tool] = field(default_factory=dict, repr=False, compare=False)
+    _schema: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.reward not in ("sum", "last"):
@@ -115,20 +128,30 @@ class OpenEnv:
 
     def __call__(self, **overrides: Any) -> Stepper:
         """A new environment instance (its session opens at the first reset)."""
-        spec = dataclasses.replace(self, **overrides, _tools={}) if overrides else self
+        spec = dataclasses.replace(self, **overrides, _tools={}, _schema={}) if overrides else self
         return Stepper(OpenEnvExecutor(spec))
 
     def tool_table(self) -> dict[str, Tool]:
-        """The one tool, from the server's action schema (read once per factory)."""
+        """The server's MCP tools, or the one tool from its action schema (read once per
+        factory)."""
         if not self._tools:
-            tool = schema_tool(self.schema()["action"], self.tool_name, self.description)
-            self._tools[tool.name] = tool
+            if self.is_mcp():
+                self._tools.update(listed_tools(self.url, self.timeout, self.tools))
+            else:
+                tool = schema_tool(self.schema()["action"], self.tool_name, self.description)
+                self._tools[tool.name] = tool
         return dict(self._tools)
 
+    def is_mcp(self) -> bool:
+        """Whether each MCP tool is a tool (`mcp`, else: the action is a `CallToolAction`)."""
+        return self.mcp if self.mcp is not None else mcp_action(self.schema()["action"])
+
     def schema(self) -> dict[str, Any]:
-        """The server's `/schema`: the action, observation and state JSON schemas."""
-        with urllib.request.urlopen(f"{self.url}/schema", timeout=self.timeout) as answer:
-            return dict(json.load(answer))
+        """The server's `/schema`: the action, observation and state JSON schemas (read once)."""
+        if not self._schema:
+            with urllib.request.urlopen(f"{self.url}/schema", timeout=self.timeout) as answer:
+                self._schema.update(json.load(answer))
+        return dict(self._schema)
 
     def client(self) -> Any:
         """A new, unconnected openenv-core client of the server."""
@@ -161,6 +184,8 @@ def openenv(
     dataset: Any = None,
     max_turns: int | None = None,
     timeout: float = 60.0,
+    mcp: bool | None = None,
+    tools: Sequence[str] | None = None,
 ) -> OpenEnv:
     """An environment factory over a running OpenEnv environment server.
 
@@ -168,13 +193,18 @@ def openenv(
         url_or_client: The server's URL (`http://host:port`, or `ws://`), or an openenv-core
             client of it (`EchoEnv(base_url=...)`, sync or async): its URL is used, and each
             toolgym instance opens a session of its own.
-        tool_name: The tool's name (default: the action class's, less `Action`, snake case).
-        description: The tool's description (default: the action schema's).
+        tool_name: The one tool's name (default: the action class's, less `Action`, snake
+            case); not for MCP tools, which keep theirs.
+        description: The one tool's description (default: the action schema's).
         reward: "sum" of the steps' rewards (default) or the "last" one given.
         observation: `f(observation: dict) -> str`, the tool message (default: see the module).
         dataset: Prompt rows or a builder `f(n, seed)` (see `OpenEnv.dataset_builder`).
         max_turns: The episode's turn limit.
         timeout: Seconds to connect, and for a reset or a step to answer.
+        mcp: Present each MCP tool the server lists as a tool, each call a `call_tool` step
+            (True), or the action as one tool (False); default: MCP tools when the server's
+            action class is openenv-core's `CallToolAction` (see `toolgym.envs.openenv_mcp`).
+        tools: The MCP tools the model sees (default: all the server lists).
     """
     return OpenEnv(
         base_url(url_or_client),
@@ -185,6 +215,8 @@ def openenv(
         dataset=dataset,
         max_turns=max_turns,
         timeout=timeout,
+        mcp=mcp,
+        tools=tools,
     )
 
 
@@ -234,16 +266,20 @@ class OpenEnvExecutor(Executor):
         return self._text(result.observation) or None
 
     def run(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
-        return self._result(call, self._wait(self._stepped(arguments)))
+        return self._result(call, self._wait(self._stepped(self._action(call, arguments))))
 
     async def arun(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
-        future = submit(self._stepped(arguments))
+        future = submit(self._stepped(self._action(call, arguments)))
         try:
             outcome = await asyncio.wrap_future(future)
         except asyncio.CancelledError:
             future.cancel()
             raise
         return self._result(call, outcome)
+
+    def _action(self, call: ToolCall, arguments: dict[str, Any]) -> dict[str, Any]:
+        """The step's action: a `call_tool` of an MCP tool, else the one tool's arguments."""
+        return call_action(call.name, arguments) if self.spec.is_mcp() else arguments
 
     async def _stepped(self, action: dict[str, Any]) -> Any:
         """The step's result, or the server's refusal (a RuntimeError, returned)."""
@@ -262,6 +298,8 @@ class OpenEnvExecutor(Executor):
             message = str(outcome).removeprefix("Server error: ")
             return ToolResult(call, f"Error: {message}", "tool_error")
         self._note(outcome)
+        if self.spec.is_mcp():
+            return call_result(call, dict(outcome.observation or {}))
         return ToolResult(call, self._text(outcome.observation))
 
     def _note(self, result: Any) -> None:

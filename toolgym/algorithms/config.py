@@ -66,6 +66,13 @@ class GRPOConfig:
     """Compile the per-chunk output head and log-softmax with `torch.compile` (about 1.3x
     faster update steps on an H100; the first step pays the compilation). None: on when
     training on a CUDA device, off elsewhere (CPU compilation is slow and needs a compiler)."""
+    loss_impl: Literal["auto", "fused", "chunked", "full"] = "auto"
+    """How the update computes the loss from the model (all give the same loss and gradients):
+    "fused" applies the output head, log-softmax and loss terms chunk by chunk and takes each
+    chunk's gradients at once (`toolgym.algorithms.fused_loss`: least memory, no recomputed
+    logits); "chunked" computes logprobs by checkpointed chunks, then the loss; "full" holds
+    the whole batch's logits (the reference). "auto": "fused" (each path falls back to full
+    logits for a model whose logits the chunked head does not reproduce)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
     bf16: bool = False
@@ -81,6 +88,13 @@ class GRPOConfig:
     vllm_server_url: str = "http://127.0.0.1:8000"
     """Base URL of the vLLM server when `engine="vllm-server"`, or several comma-separated
     (one engine over all of them: sticky episodes, failover, one policy at a time)."""
+    weight_sync: Literal["folder", "toolgym-gloo", "nccl"] = "folder"
+    """How `engine="vllm-server"` gives the servers each step's weights: "folder" writes
+    safetensors into the run's folder for every server to reload (same machine or shared
+    storage; servers with `VLLM_SERVER_DEV_MODE=1`); "toolgym-gloo" (CPUs) and "nccl" (GPUs)
+    broadcast them through vLLM's own weight-transfer API, nothing on disk, to servers
+    started with `--weight-transfer-config '{"backend": "<the same>"}'` (docs/cluster.md).
+    The in-process engine always loads them from memory."""
     kv_cache_tokens: int | None = None
     """Tokens the in-process vLLM engine's KV cache holds on a CPU (on a GPU vLLM sizes it
     from `gpu_memory_utilization`). None: enough for the larger of a step's episodes and the
@@ -202,6 +216,8 @@ class GRPOConfig:
             raise ValueError("num_iterations must be at least 1")
         if self.num_generations < 2:
             raise ValueError("num_generations must be at least 2 for a group baseline")
+        if self.loss_impl not in ("auto", "fused", "chunked", "full"):
+            raise ValueError(f"unknown loss_impl {self.loss_impl!r}")
         if self.loss_type not in ("grpo", "dr_grpo", "dapo", "bnpo"):
             raise ValueError(f"unknown loss_type {self.loss_type!r}")
         if self.scale_rewards not in ("group", "batch", "none"):

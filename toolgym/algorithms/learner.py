@@ -23,11 +23,11 @@ from toolgym.agents.trajectory import Trajectory
 from toolgym.algorithms.batch import collate, training_samples
 from toolgym.algorithms.checkpoint import load_checkpoint, save_checkpoint, save_random_states
 from toolgym.algorithms.config import GRPOConfig, SFTConfig
+from toolgym.algorithms.fused_loss import learner_loss, resolve_loss_impl
 from toolgym.algorithms.launcher_watch import watch_launcher
 from toolgym.algorithms.losses import (
     StepNormalizer,
     compile_by_default,
-    policy_loss,
     token_logprobs,
 )
 from toolgym.algorithms.sft import warmup_sft
@@ -179,17 +179,14 @@ class Learner:
         (detached), i.e. a single pass."""
         args = self.args
         mask, sampling_logprobs, _ = batch.targets()
-        logprobs = self._logprobs(self.model, batch)
         ref = None
         if self.ref_model is not None:
             with torch.no_grad():
                 ref = self._logprobs(self.ref_model, batch)
-        loss, stats = policy_loss(
-            logprobs,
-            logprobs.detach() if old_logprobs is None else old_logprobs,
-            batch.token_advantages[:, 1:],
-            mask,
-            normalizer,
+        settings = dict(
+            advantages=batch.token_advantages[:, 1:],
+            mask=mask,
+            normalizer=normalizer,
             loss_type=args.loss_type,
             clip_low=args.epsilon,
             clip_high=args.clip_high,
@@ -199,6 +196,17 @@ class Learner:
             importance_cap=args.importance_sampling_cap if args.importance_sampling else None,
             episode_tokens=batch.episode_tokens,
         )
+        with torch.autocast(batch.input_ids.device.type, torch.bfloat16, enabled=args.bf16):
+            loss, stats = learner_loss(
+                resolve_loss_impl(args.loss_impl),
+                self.model,
+                batch,
+                old_logprobs,
+                settings,
+                args.logprob_chunk_size,
+                args.temperature,
+                compile_by_default(args.compile_logprobs, batch.input_ids.device),
+            )
         self.accelerator.backward(loss)
         stats["loss"] = loss.item()
         return stats

@@ -18,6 +18,10 @@ where `w = min(exp(logp_old - logp_engine), cap)` corrects for the engine sampli
 slightly different distribution (truncated importance sampling), and aggregates the tokens
 as `loss_type` says (see `GRPOConfig.loss_type`). Masked tokens (prompt, tool results,
 padding) count nowhere: not in the loss, not in the KL, not in any token count.
+
+`toolgym.algorithms.fused_loss` computes the same loss with the head, the log-softmax and
+these terms fused per chunk (`GRPOConfig.loss_impl`); `full_logprobs` is the reference path
+over whole logits.
 """
 
 from __future__ import annotations
@@ -103,7 +107,15 @@ class LogitTransform:
 def _scaled_logits(
     head: nn.Module, hidden: torch.Tensor, temperature: float, transform: LogitTransform
 ) -> torch.Tensor:
-    logits = head(hidden).float()
+    return transformed_logits(head(hidden), temperature, transform)
+
+
+def transformed_logits(
+    logits: torch.Tensor, temperature: float, transform: LogitTransform
+) -> torch.Tensor:
+    """The head's output as the model's forward returns it, divided by `temperature`, in at
+    least float32 (float64 stays float64)."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if transform.multiplier != 1.0:
         logits = logits * transform.multiplier
     if transform.softcap is not None:
@@ -160,7 +172,8 @@ def chunked_logprobs_match(model: Any, input_ids: torch.Tensor) -> bool:
         inner.eval()
         with torch.no_grad():
             logits = model(input_ids=probe, use_cache=False).logits[:, :-1]
-            full_precision = logits.dtype == torch.float32 and not torch.is_autocast_enabled()
+            full_precision = logits.dtype in (torch.float32, torch.float64)
+            full_precision = full_precision and not torch.is_autocast_enabled()
             expected = _gather_logprobs(logits.float(), probe[:, 1:])
             got = _chunked(model, probe, torch.ones_like(probe), 1024, 1.0, compiled=False)
         inner.train(was_training)
@@ -199,9 +212,31 @@ def token_logprobs(
             GPU, where the float32 logits' memory traffic dominates; the first call compiles).
     """
     if not chunked_logprobs_match(model, input_ids):
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-        return _gather_logprobs(logits[:, :-1].float() / temperature, input_ids[:, 1:])
+        return full_logprobs(model, input_ids, attention_mask, temperature)
     return _chunked(model, input_ids, attention_mask, chunk_size, temperature, compiled)
+
+
+def full_logprobs(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """`token_logprobs` from the model's whole logits at once (the reference path: it holds
+    `(B, L, vocabulary)` float32 logits, and their gradient in the backward pass)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    logits = logits[:, :-1]
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return _gather_logprobs(logits / temperature, input_ids[:, 1:])
+
+
+def captured_hidden(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> tuple[nn.Module, torch.Tensor]:
+    """The model's output head and the hidden states it would be given, (B, L, width): the
+    forward pass runs with the head swapped for a capture, so no logits are computed."""
+    with _head_swapped_for_capture(model) as (head, capture):
+        model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    if capture.hidden is None:
+        raise RuntimeError("the model's forward pass never reached its output head")
+    return head, capture.hidden
 
 
 def _chunked(
@@ -214,11 +249,8 @@ def _chunked(
 ) -> torch.Tensor:
     transform = LogitTransform.of(model)
     per_chunk = _compiled_chunk_logprobs() if compiled else _chunk_logprobs
-    with _head_swapped_for_capture(model) as (head, capture):
-        model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    if capture.hidden is None:
-        raise RuntimeError("the model's forward pass never reached its output head")
-    hidden = capture.hidden[:, :-1]
+    head, hidden = captured_hidden(model, input_ids, attention_mask)
+    hidden = hidden[:, :-1]
     targets = input_ids[:, 1:]
     batch, length, width = hidden.shape
     flat_hidden, flat_targets = hidden.reshape(-1, width), targets.reshape(-1)
@@ -268,28 +300,75 @@ def policy_loss(
         episode_tokens: (B,) sampled tokens of each row's whole episode, for `grpo` (rows that
             are one turn of an episode are averaged over the episode); default: the row's own.
     """
-    ratio = torch.exp(logprobs - old_logprobs)
+    if beta > 0 and ref_logprobs is None:
+        raise ValueError("beta > 0 needs the reference model's logprobs")
     advantage = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+    weight = importance_weight(old_logprobs, sampling_logprobs, importance_cap)
+    terms = token_terms(
+        logprobs, old_logprobs, advantage, clip_low, clip_high, weight, beta, ref_logprobs
+    )
+    loss = aggregate(terms.loss * mask, mask, normalizer, loss_type, episode_tokens)
+    return loss, terms.stats(mask)
+
+
+def importance_weight(
+    old_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor | None, cap: float | None
+) -> torch.Tensor | None:
+    """The truncated importance weight `min(exp(logp_old - logp_engine), cap)`, detached
+    (None: no correction)."""
+    if cap is None or sampling_logprobs is None:
+        return None
+    return torch.exp(old_logprobs - sampling_logprobs).clamp(max=cap).detach()
+
+
+@dataclass
+class TokenTerms:
+    """The per-token pieces of the policy loss (all (B, T) or one chunk's (N,))."""
+
+    loss: torch.Tensor
+    """`pg * w + beta * kl`, not yet masked."""
+    unclipped: torch.Tensor
+    clipped: torch.Tensor
+    weight: torch.Tensor | None
+    kl: torch.Tensor | None
+
+    def stats(self, mask: torch.Tensor) -> dict[str, float]:
+        """Masked means for the logs: `clip_fraction`, and `is_weight` and `kl` where used."""
+        denominator = mask.sum().clamp(min=1)
+        stats: dict[str, float] = {}
+        if self.weight is not None:
+            stats["is_weight"] = ((self.weight * mask).sum() / denominator).item()
+        if self.kl is not None:
+            stats["kl"] = ((self.kl * mask).sum() / denominator).item()
+        was_clipped = ((self.unclipped - self.clipped).abs() > 0).float()
+        stats["clip_fraction"] = ((was_clipped * mask).sum() / denominator).item()
+        return stats
+
+
+def token_terms(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantage: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    weight: torch.Tensor | None,
+    beta: float,
+    ref_logprobs: torch.Tensor | None,
+) -> TokenTerms:
+    """Each token's clipped, importance-weighted policy-gradient term plus its KL term (the
+    formula in this module's docstring); `advantage` has the shape of `logprobs`."""
+    ratio = torch.exp(logprobs - old_logprobs)
     unclipped = ratio * advantage
     clipped = torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * advantage
     per_token = -torch.min(unclipped, clipped)
-    stats: dict[str, float] = {}
-    denominator = mask.sum().clamp(min=1)
-    if importance_cap is not None and sampling_logprobs is not None:
-        weight = torch.exp(old_logprobs - sampling_logprobs).clamp(max=importance_cap).detach()
+    if weight is not None:
         per_token = per_token * weight
-        stats["is_weight"] = ((weight * mask).sum() / denominator).item()
-    if beta > 0:
-        if ref_logprobs is None:
-            raise ValueError("beta > 0 needs the reference model's logprobs")
+    kl = None
+    if beta > 0 and ref_logprobs is not None:
         delta = ref_logprobs - logprobs
         kl = torch.exp(delta) - delta - 1
         per_token = per_token + beta * kl
-        stats["kl"] = ((kl * mask).sum() / denominator).item()
-    loss = aggregate(per_token * mask, mask, normalizer, loss_type, episode_tokens)
-    was_clipped = ((unclipped - clipped).abs() > 0).float()
-    stats["clip_fraction"] = ((was_clipped * mask).sum() / denominator).item()
-    return loss, stats
+    return TokenTerms(per_token, unclipped, clipped, weight, kl)
 
 
 def aggregate(
@@ -311,6 +390,26 @@ def aggregate(
         return masked.sum() / max(normalizer.tokens, 1.0)
     if loss_type == "dr_grpo":
         return masked.sum() / max(normalizer.sequences * normalizer.max_tokens, 1)
+    raise ValueError(f"unknown loss_type {loss_type!r}")
+
+
+def aggregation_weights(
+    mask: torch.Tensor,
+    normalizer: StepNormalizer,
+    loss_type: str,
+    episode_tokens: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Each token's weight in `aggregate`: `aggregate(x * mask, ...)` equals
+    `(x * aggregation_weights(mask, ...)).sum()` for any per-token `x`."""
+    if loss_type == "grpo":
+        lengths = mask.sum(1) if episode_tokens is None else episode_tokens
+        return mask / lengths.clamp(min=1).unsqueeze(1) / max(normalizer.sequences, 1)
+    if loss_type == "bnpo":
+        return mask / mask.sum().clamp(min=1) / max(normalizer.micro_batches, 1)
+    if loss_type == "dapo":
+        return mask / max(normalizer.tokens, 1.0)
+    if loss_type == "dr_grpo":
+        return mask / max(normalizer.sequences * normalizer.max_tokens, 1)
     raise ValueError(f"unknown loss_type {loss_type!r}")
 
 

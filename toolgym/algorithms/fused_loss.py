@@ -1,0 +1,297 @@
+"""The policy loss fused with the output head, chunk by chunk, forward and backward at once.
+
+`fused_policy_loss` gives the loss and gradients of `token_logprobs` followed by
+`policy_loss`, without logits for more than one chunk of positions at any time and without
+recomputing them in the backward pass. The model runs with its head swapped for a capture
+(`losses.captured_hidden`); then, for each chunk of `chunk_size` positions, the head, the
+post-head transforms (soft-capping, scaling, temperature), the log-softmax, the gather, the
+ratio, the clipping, the importance weight, the KL and the mask-and-normalisation weight of
+`aggregate` make that chunk's share of the loss, and its gradients with respect to the chunk's
+hidden states and the head's parameters are taken at once (`torch.autograd.grad`). The chunk's
+logits and their graph are dropped before the next chunk; the backward pass only scales the
+stored gradients and sends the hidden states' on into the model. This is the scheme of
+Liger-Kernel's fused linear losses, written so `torch.compile` can fuse each chunk's
+elementwise work (`compiled=True`).
+
+Kept between forward and backward: the hidden states' gradient (positions x width) and the
+head's (vocabulary x width, which the backward pass would allocate anyway). Per chunk, the
+head's matrix product runs three times (logits, their gradient to the hidden states and to the
+weights) instead of four (checkpointed chunks recompute the logits).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from toolgym.algorithms.losses import (
+    LogitTransform,
+    StepNormalizer,
+    aggregation_weights,
+    captured_hidden,
+    chunked_logprobs_match,
+    full_logprobs,
+    importance_weight,
+    policy_loss,
+    token_logprobs,
+    token_terms,
+    transformed_logits,
+)
+
+LossImpl = Literal["auto", "fused", "chunked", "full"]
+LOSS_IMPLS = ("auto", "fused", "chunked", "full")
+
+
+def resolve_loss_impl(setting: str) -> str:
+    """`GRPOConfig.loss_impl` resolved: "auto" is "fused" on every device (it falls back to
+    full logits by itself where the head applied by chunks would not reproduce the model's
+    logits)."""
+    if setting not in LOSS_IMPLS:
+        raise ValueError(f"unknown loss_impl {setting!r}; expected one of {', '.join(LOSS_IMPLS)}")
+    return "fused" if setting == "auto" else setting
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """The loss's scalar settings (see `policy_loss`)."""
+
+    loss_type: str = "dapo"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    beta: float = 0.0
+    importance_cap: float | None = None
+    temperature: float = 1.0
+    transform: LogitTransform = field(default_factory=LogitTransform)
+
+
+def _chunk_loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    weights: torch.Tensor,
+    advantage: torch.Tensor,
+    old: torch.Tensor | None,
+    ref: torch.Tensor | None,
+    sampling: torch.Tensor | None,
+    settings: LossSettings,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk's share of the loss (with grad) and its logprobs (detached), from the head's
+    raw output."""
+    logits = transformed_logits(logits, settings.temperature, settings.transform)
+    chosen = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    logprobs = chosen - torch.logsumexp(logits, -1)
+    old = logprobs.detach() if old is None else old
+    weight = importance_weight(old, sampling, settings.importance_cap)
+    terms = token_terms(
+        logprobs,
+        old,
+        advantage,
+        settings.clip_low,
+        settings.clip_high,
+        weight,
+        settings.beta,
+        ref,
+    )
+    return (terms.loss * weights).sum(), logprobs.detach()
+
+
+@functools.cache
+def _compiled_chunk_loss() -> Any:
+    """`_chunk_loss` through `torch.compile`: transforms, log-sum-exp, gather and the loss
+    terms fuse into a few kernels, backward included."""
+    return torch.compile(_chunk_loss)
+
+
+@dataclass
+class _Plan:
+    """What the fused function needs besides the tensors autograd tracks."""
+
+    head: nn.Module
+    names: list[str]
+    per_token: dict[str, Any]
+    """The per-token tensors (flat), or None where a term is off."""
+    settings: LossSettings
+    chunk_size: int
+    compiled: bool
+
+
+class _FusedHeadLoss(torch.autograd.Function):
+    """(hidden (N, width), head parameters) -> (loss, logprobs (N,) detached); the gradients
+    are computed in the forward pass, chunk by chunk, and only scaled in the backward."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, plan: _Plan, *params: torch.Tensor) -> Any:
+        per_chunk = _compiled_chunk_loss() if plan.compiled else _chunk_loss
+        wants = [hidden.requires_grad, *(p.requires_grad for p in params)]
+        grad_hidden = torch.zeros_like(hidden) if wants[0] else None
+        grad_params = [
+            torch.zeros_like(p) if w else None for p, w in zip(params, wants[1:], strict=True)
+        ]
+        losses, pieces = [], []
+        for start in range(0, hidden.shape[0], plan.chunk_size):
+            part = slice(start, start + plan.chunk_size)
+            with torch.enable_grad():
+                h = hidden[part].detach().requires_grad_(wants[0])
+                local = [
+                    p.detach().requires_grad_(w) for p, w in zip(params, wants[1:], strict=True)
+                ]
+                logits = functional_call(plan.head, dict(zip(plan.names, local, strict=True)), (h,))
+                chunk: dict[str, Any] = {
+                    k: None if v is None else v[part] for k, v in plan.per_token.items()
+                }
+                loss, logprobs = per_chunk(logits, settings=plan.settings, **chunk)
+                inputs = [t for t in (h, *local) if t.requires_grad]
+                grads = list(torch.autograd.grad(loss, inputs)) if inputs else []
+            if grad_hidden is not None:
+                grad_hidden[part] = grads.pop(0)
+            for total, grad in zip([g for g in grad_params if g is not None], grads, strict=True):
+                total += grad
+            losses.append(loss.detach())
+            pieces.append(logprobs)
+        ctx.grads = (grad_hidden, *grad_params)
+        logprobs = torch.cat(pieces)
+        ctx.mark_non_differentiable(logprobs)
+        return torch.stack(losses).sum(), logprobs
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: torch.Tensor, _: Any) -> Any:
+        grads, ctx.grads = ctx.grads, None
+        if not bool(grad_loss == 1):  # the buffers are this function's own: scale in place
+            grads = tuple(None if g is None else g.mul_(grad_loss.to(g.dtype)) for g in grads)
+        return grads[0], None, *grads[1:]
+
+
+def fused_policy_loss(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    old_logprobs: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    normalizer: StepNormalizer,
+    *,
+    loss_type: str = "dapo",
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    beta: float = 0.0,
+    ref_logprobs: torch.Tensor | None = None,
+    sampling_logprobs: torch.Tensor | None = None,
+    importance_cap: float | None = None,
+    episode_tokens: torch.Tensor | None = None,
+    chunk_size: int = 1024,
+    temperature: float = 1.0,
+    compiled: bool = False,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """`policy_loss(token_logprobs(model, ...), ...)`, fused per chunk (see the module).
+
+    Args:
+        model: A transformers causal LM (possibly wrapped by accelerate or peft).
+        input_ids, attention_mask: (B, L), right-padded.
+        old_logprobs: (B, L-1) before the update; None: this pass's own, detached (one pass).
+        advantages, mask, normalizer and the keywords up to `episode_tokens`: as for
+            `policy_loss` (`mask` and the per-token tensors cover positions 1..L-1).
+        chunk_size, temperature, compiled: as for `token_logprobs`.
+
+    Returns the loss and `policy_loss`'s statistics. A model whose logits the head applied by
+    chunks does not reproduce (`chunked_logprobs_match`) gets the full-logits path instead.
+    """
+    if beta > 0 and ref_logprobs is None:
+        raise ValueError("beta > 0 needs the reference model's logprobs")
+    if not chunked_logprobs_match(model, input_ids):
+        logprobs = full_logprobs(model, input_ids, attention_mask, temperature)
+        old = logprobs.detach() if old_logprobs is None else old_logprobs
+        return policy_loss(
+            logprobs, old, advantages, mask, normalizer, loss_type=loss_type,
+            clip_low=clip_low, clip_high=clip_high, beta=beta, ref_logprobs=ref_logprobs,
+            sampling_logprobs=sampling_logprobs, importance_cap=importance_cap,
+            episode_tokens=episode_tokens,
+        )  # fmt: skip
+    settings = LossSettings(loss_type, clip_low, clip_high, beta, importance_cap, temperature)
+    sampling = sampling_logprobs if importance_cap is not None else None
+    advantage = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+    per_token: dict[str, torch.Tensor | None] = dict(advantage=advantage.expand_as(mask))
+    per_token |= dict(old=old_logprobs, ref=ref_logprobs if beta > 0 else None, sampling=sampling)
+    logprobs, loss = _fused(
+        model, input_ids, attention_mask, mask, normalizer, episode_tokens, per_token,
+        replace(settings, transform=LogitTransform.of(model)), chunk_size, compiled,
+    )  # fmt: skip
+    # the figures for the logs, from the same logprobs (no gradient, (B, T) only)
+    old = logprobs if old_logprobs is None else old_logprobs
+    weight = importance_weight(old, sampling_logprobs, importance_cap)
+    terms = token_terms(logprobs, old, advantage, clip_low, clip_high, weight, beta, ref_logprobs)
+    return loss, terms.stats(mask)
+
+
+def _fused(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    mask: torch.Tensor,
+    normalizer: StepNormalizer,
+    episode_tokens: torch.Tensor | None,
+    per_token: dict[str, torch.Tensor | None],
+    settings: LossSettings,
+    chunk_size: int,
+    compiled: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's hidden states through `_FusedHeadLoss`: ((B, L-1) logprobs, the loss)."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
+    head, hidden = captured_hidden(model, input_ids, attention_mask)
+    hidden = hidden[:, :-1]
+    batch, length, width = hidden.shape
+    # the weights in the logits' precision (float32 or wider), in which `aggregate` divides
+    precision = torch.promote_types(mask.dtype, torch.promote_types(hidden.dtype, torch.float32))
+    weights = aggregation_weights(
+        mask.to(precision), normalizer, settings.loss_type, episode_tokens
+    )
+    per_token = per_token | dict(targets=input_ids[:, 1:], weights=weights)
+    named = list(head.named_parameters())
+    plan = _Plan(
+        head=head,
+        names=[n for n, _ in named],
+        per_token={k: None if v is None else v.reshape(-1) for k, v in per_token.items()},
+        settings=settings,
+        chunk_size=chunk_size,
+        compiled=compiled,
+    )
+    loss, logprobs = _FusedHeadLoss.apply(hidden.reshape(-1, width), plan, *(p for _, p in named))
+    return logprobs.view(batch, length), loss
+
+
+def learner_loss(
+    impl: str,
+    model: Any,
+    batch: Any,
+    old_logprobs: torch.Tensor | None,
+    settings: dict[str, Any],
+    chunk_size: int,
+    temperature: float,
+    compiled: bool,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """One micro-batch's loss as `impl` ("fused", "chunked" or "full") computes it, for the
+    learner; `settings` are `policy_loss`'s keywords."""
+    if impl == "fused":
+        return fused_policy_loss(
+            model,
+            batch.input_ids,
+            batch.attention_mask,
+            old_logprobs,
+            chunk_size=chunk_size,
+            temperature=temperature,
+            compiled=compiled,
+            **settings,
+        )
+    if impl == "chunked":
+        args = (batch.input_ids, batch.attention_mask, chunk_size, temperature)
+        logprobs = token_logprobs(model, *args, compiled=compiled)
+    elif impl == "full":
+        logprobs = full_logprobs(model, batch.input_ids, batch.attention_mask, temperature)
+    else:
+        raise ValueError(f"unknown loss_impl {impl!r}")
+    old = logprobs.detach() if old_logprobs is None else old_logprobs
+    return policy_loss(logprobs, old, **settings)

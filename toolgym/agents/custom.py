@@ -25,6 +25,7 @@ environment's `get_reward()` after the function returns.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -82,6 +83,8 @@ class RolloutContext:
         self.hit_length = False
         """The last `generate` stopped at `max_new_tokens` (the episode then ends `length`)."""
         self._told = False  # the prompt went to `on_message`
+        self._turn: tuple[int, int] | None = None  # (sample, start) of the model's last turn
+        self._stepped = True  # a `step` ran since the last `generate`: the next opens a turn
 
     @property
     def tokenizer(self) -> Any:
@@ -172,6 +175,9 @@ class RolloutContext:
             raise EpisodeEnd("max_turns")
         completion: Completion = await episode.generate(trajectory, stop_strings)
         episode.metrics["turns"] += 1
+        if self._stepped:  # the first generation since the last step opens the model's turn
+            self._turn = (len(trajectory.samples) - 1, len(trajectory.completion_ids))
+            self._stepped = False
         trajectory.append(completion.token_ids, sampled=True, logprobs=completion.logprobs)
         self.hit_length = completion.finish_reason == "length"
         last = completion.token_ids[-1] if completion.token_ids else None
@@ -225,8 +231,18 @@ class RolloutContext:
         `tool_timeout`, a call that kills its sandbox worker with `tool_crash`, more than
         `max_tool_calls_per_turn` calls with `too_many_calls`, an environment failure with
         `env_error` (each raises `EpisodeEnd`). With `trajectory`, the results' messages join
-        its conversation first (also those of a failed call)."""
+        its conversation first (also those of a failed call).
+
+        The step's reward (`StepResult.reward`: the change of the environment's reward) joins
+        the `step_rewards` of `trajectory` (default: `self.trajectory`) with the span of the
+        model's turn that made the calls (`record_turn_reward`), where the environment reports
+        per-step rewards (`reward_per_step`; a plain class's reward, read once at the end, is
+        the episode's, not a turn's)."""
         step = await self._episode.call_tools(tool_calls)
+        target = trajectory if trajectory is not None else self.trajectory
+        if target is not None and getattr(self._episode.env, "reward_per_step", True):
+            record_turn_reward(target, step.reward, self._turn)
+        self._stepped = True
         if trajectory is not None:
             for message in step.messages:
                 self.add_message(trajectory, message)
@@ -269,6 +285,25 @@ def assistant_message(text: str, parsed: ParsedMessage) -> dict[str, Any]:
         message["reasoning_content"] = parsed.reasoning
     message["raw_content"] = text
     return message
+
+
+def record_turn_reward(
+    trajectory: Trajectory, reward: float | None, turn: tuple[int, int] | None
+) -> None:
+    """Keep a tool call's step reward in `trajectory.step_rewards` with the model's turn that
+    made the call: `sample` (its index in `trajectory.samples`), `start` and `end` (the turn's
+    tokens in that sample's `completion_ids`: `turn` is (sample, start) of the turn, the end
+    is the sample's current end) and `in_reward` (1: the environment's reward already holds
+    it, `StepResult.reward` being its change). A reward of 0, None or not finite records
+    nothing (it would credit nothing). A turn in an earlier sample (or none) starts at 0."""
+    if reward is None or not math.isfinite(reward) or reward == 0:
+        return
+    sample = len(trajectory.samples) - 1
+    end = len(trajectory.completion_ids)
+    start = min(turn[1], end) if turn is not None and turn[0] == sample else 0
+    trajectory.step_rewards.append(
+        {"sample": sample, "start": start, "end": end, "reward": float(reward), "in_reward": 1}
+    )
 
 
 def end_if_failed(step: Any) -> None:

@@ -91,16 +91,24 @@ class Trajectory:
             it counts 0, as TRL sums the sources that score).
         reward_sources: What the total is made of, unweighted, by source: `env` (the episode's
             reward as played: the environment's, or `AgentLimits.model_failure_reward`), each
-            reward function by name, and `step_rewards` (the sum of an inline episode's
-            per-step rewards, where it has some); None where a source gave no value.
+            reward function by name, and `step_rewards` (the sum of the per-step rewards the
+            environment's reward does not hold: an inline episode's; 0 for a chat episode,
+            whose step rewards are part of `env`); None where a source gave no value.
         status: How the episode ended; one of `STATUSES`.
         error: What went wrong, for the failure statuses.
         metrics: turns, tool_calls, tool_failures, parse_failures, generation_seconds,
             tool_seconds, model_tokens, observation_tokens.
         row: The dataset row the episode was reset with (without its prompt).
-        step_rewards: Inline episodes: the reward of each environment step, with `end`, the
-            index in the last sample's `completion_ids` just past the model's span it rewards
-            (the marker's token), e.g. `[{"end": 14, "reward": -0.3}]`.
+        step_rewards: The reward of each environment step, with the span of the model's
+            tokens it rewards (`GRPOConfig.step_rewards` says what training does with them).
+            Inline episodes: `end`, the index in the last sample's `completion_ids` just past
+            the span (the marker's token; the span starts at the previous step's end), e.g.
+            `[{"end": 14, "reward": -0.3}]`; separate from the episode's reward. Chat episodes
+            (and `RolloutContext.step`): each turn whose tool calls changed the environment's
+            reward (`StepResult.reward`; a change of 0 is not kept), with `sample` (the index
+            in `samples` of the turn's sample), `start` and `end` (the turn's tokens in its
+            `completion_ids`) and `in_reward: 1` (the episode's reward already holds it), e.g.
+            `[{"sample": 0, "start": 0, "end": 21, "reward": 0.1, "in_reward": 1}]`.
         env_metrics: The environment's named figures of the episode besides its reward
             (`Environment.episode_metrics`, e.g. Wordle's `valid_guesses`), read when it ended.
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from toolgym.agents.trajectory import Sample, Trajectory
-from toolgym.algorithms.rewards import step_reward_bonus
+from toolgym.algorithms.rewards import step_reward_bonus, step_reward_sample
 
 
 @dataclass
@@ -80,9 +80,10 @@ def training_samples(
     step_credit: bool = False,
 ) -> list[TrainingSample]:
     """Every sample of every trajectory, in order, with its trajectory's advantage (default
-    0) and `used` flag (default True); with `step_credit`, an inline episode's per-step
-    rewards credit the tokens of their spans (`rewards.step_reward_bonus`, on the last
-    sample, whose completion the step ends index)."""
+    0) and `used` flag (default True); with `step_credit`, the episode's step rewards (an
+    inline episode's per-step rewards, a chat episode's tool calls' rewards) credit the
+    tokens of their spans (`rewards.step_reward_bonus`), each in the sample it names (the
+    last, where it names none)."""
     for name, values in (("advantages", advantages), ("used", used)):
         if values is not None and len(values) != len(trajectories):
             raise ValueError(f"{len(values)} {name} for {len(trajectories)} trajectories")
@@ -91,10 +92,19 @@ def training_samples(
         advantage = 0.0 if advantages is None else float(advantages[index])
         use = True if used is None else bool(used[index])
         tokens = trajectory.model_tokens
-        last = len(trajectory.samples) - 1
-        bonus = step_reward_bonus(trajectory) if step_credit and trajectory.step_rewards else None
+        credited = (
+            {step_reward_sample(trajectory, step) for step in trajectory.step_rewards}
+            if step_credit
+            else set()
+        )
         rows.extend(
-            TrainingSample(sample, advantage, use, tokens, bonus if at == last else None)
+            TrainingSample(
+                sample,
+                advantage,
+                use,
+                tokens,
+                step_reward_bonus(trajectory, at) if at in credited else None,
+            )
             for at, sample in enumerate(trajectory.samples)
         )
     return rows

@@ -92,19 +92,42 @@ def _added(trajectory: Trajectory) -> int:
 
 
 def step_reward_total(trajectory: Trajectory) -> float:
-    """The sum of an inline episode's per-step rewards (0 for chat episodes)."""
-    return float(sum(step["reward"] for step in trajectory.step_rewards))
+    """The sum of the episode's step rewards that its reward does not already hold: an inline
+    episode's per-step rewards; not a tool call's (`in_reward`: the change of the
+    environment's reward, part of it already). 0 for an episode without such."""
+    return float(
+        sum(step["reward"] for step in trajectory.step_rewards if not step.get("in_reward"))
+    )
 
 
-def step_reward_bonus(trajectory: Trajectory) -> list[float]:
-    """Per completion token: the reward of the step whose span it belongs to (the model's
-    tokens after the previous step's end, up to and including the marker that ended this
-    step); 0 on tokens no step rewards."""
-    bonus = [0.0] * len(trajectory.completion_ids)
-    start = 0
+def step_reward_sample(trajectory: Trajectory, step: dict[str, float]) -> int:
+    """The index in `trajectory.samples` of the sample a step reward's positions refer to:
+    its `sample`, else the last (inline episodes, and files written before chat episodes had
+    step rewards)."""
+    last = len(trajectory.samples) - 1
+    sample = int(step.get("sample", last))
+    if not 0 <= sample <= last:
+        raise ValueError(f"a step reward names sample {sample} of {last + 1}: {step}")
+    return sample
+
+
+def step_reward_bonus(trajectory: Trajectory, sample: int = -1) -> list[float]:
+    """Per completion token of one sample (`sample`, an index in `trajectory.samples`; default
+    the last): the reward of the step whose span holds it, 0 on tokens no step rewards.
+
+    A step's span ends at its `end` (exclusive) and starts at its `start`, else at the end of
+    the sample's previous step (0 for its first): an inline step's span is the model's tokens
+    after the previous marker up to and including its own; a tool call's (`start` given) is
+    the assistant turn that made the call. Steps whose spans overlap add up."""
+    index = sample % len(trajectory.samples)
+    bonus = [0.0] * len(trajectory.samples[index].completion_ids)
+    previous: dict[int, int] = {}  # sample -> end of its last step
     for step in trajectory.step_rewards:
+        at = step_reward_sample(trajectory, step)
         end = int(step["end"])
-        for position in range(start, min(end, len(bonus))):
-            bonus[position] = float(step["reward"])
-        start = end
+        start = int(step.get("start", previous.get(at, 0)))
+        previous[at] = end
+        if at == index:
+            for position in range(max(start, 0), min(end, len(bonus))):
+                bonus[position] += float(step["reward"])
     return bonus

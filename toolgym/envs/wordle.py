@@ -83,21 +83,46 @@ class Wordle(Environment):
     word, so a model is rewarded for the skills a win needs before it can win: real words, no
     repeats, letters found. A game cut short keeps only what it earned.
 
+    With `guess_reward > 0`, each guess also earns a reward of its own, in the turn that made
+    it (a chat episode's step reward: `GRPOConfig.step_rewards="tokens"` credits it to that
+    turn's tokens): `+guess_reward` for a guess after the first that is consistent with all
+    the feedback so far (it could still be the answer: the colours were used, as
+    `consistent_guesses` counts), `-guess_reward` for a word guessed before or a word the tool
+    refuses (not five letters, not in the word list); 0 for the first guess and for a new
+    word the feedback rules out. A game not won ends with its partial credit plus these; a
+    won game's reward stays 1 (the win's turn gets what makes it up to 1), and a game not won
+    always stays below 1 (`shaping + (max_guesses - 1) * guess_reward < 1` is required).
+
     Args:
         max_guesses: Valid guesses allowed per game.
         shaping: Weight of the partial credit for a game not won (0 turns it off).
         max_turns: Turns (messages with tool calls) before truncation; invalid words use turns,
             not guesses, so this bounds a model that keeps sending bad words.
+        guess_reward: The per-guess reward and penalty (0, the default, turns it off).
     """
 
-    def __init__(self, max_guesses: int = 6, shaping: float = 0.0, max_turns: int = 12) -> None:
+    def __init__(
+        self,
+        max_guesses: int = 6,
+        shaping: float = 0.0,
+        max_turns: int = 12,
+        guess_reward: float = 0.0,
+    ) -> None:
         if not 0.0 <= shaping < 1.0:
             raise ValueError(f"shaping must be in [0, 1), got {shaping}")
+        if guess_reward < 0.0 or shaping + (max_guesses - 1) * guess_reward >= 1.0:
+            raise ValueError(
+                f"guess_reward must be at least 0 and keep a game not won below a win "
+                f"(shaping + (max_guesses - 1) * guess_reward < 1), got {guess_reward}"
+            )
         self.max_guesses = max_guesses
         self.shaping = shaping
         self.max_turns = max_turns
+        self.guess_reward = guess_reward
         self.answer = ""
         self.history: list[tuple[str, str]] = []
+        self.guess_credit = 0.0
+        """The sum of this game's per-guess rewards and penalties so far."""
 
     def reset(self, answer: str | None = None) -> str | None:
         if answer is None:
@@ -107,6 +132,7 @@ class Wordle(Environment):
             raise ValueError(f"a Wordle answer is five letters, got {answer!r}")
         self.answer = answer
         self.history = []
+        self.guess_credit = 0.0
         return None
 
     def guess(self, word: str) -> str:
@@ -117,9 +143,12 @@ class Wordle(Environment):
         """
         word = word.strip().lower()
         if len(word) != WORD_LENGTH or not word.isalpha():
+            self._credit(-self.guess_reward)
             raise ToolError(f"{word!r} is not a five-letter word; this did not use a guess.")
         if word not in allowed_words() and word != self.answer:
+            self._credit(-self.guess_reward)
             raise ToolError(f"{word!r} is not in the word list; this did not use a guess.")
+        self.guess_credit += self._judge(word)
         pattern = feedback(word, self.answer)
         self.history.append((word, pattern))
         used = len(self.history)
@@ -127,7 +156,7 @@ class Wordle(Environment):
         if pattern == GREEN * WORD_LENGTH:
             self.done, self.reward = True, 1.0
             return f"{line}\nCorrect! You found {word.upper()} in {used} guesses."
-        self.reward = self._partial_credit()
+        self.reward = self._partial_credit() + self.guess_credit
         if used >= self.max_guesses:
             self.done = True
             return f"{line}\nOut of guesses. The word was {self.answer.upper()}."
@@ -167,6 +196,21 @@ class Wordle(Environment):
             if word == self.answer:
                 break
         return turns
+
+    def _judge(self, word: str) -> float:
+        """A valid guess's own reward: + for one after the first that fits all the feedback
+        so far, - for a repeated word, else 0."""
+        if any(word == earlier for earlier, _ in self.history):
+            return -self.guess_reward
+        if self.history and all(feedback(e, word) == p for e, p in self.history):
+            return self.guess_reward
+        return 0.0
+
+    def _credit(self, amount: float) -> None:
+        """Add a per-guess reward to the game's reward now (a refused word's penalty)."""
+        if amount:
+            self.guess_credit += amount
+            self.reward = self._partial_credit() + self.guess_credit
 
     def _partial_credit(self) -> float:
         if self.shaping == 0.0 or not self.history:

@@ -83,6 +83,9 @@ def config_from(args: argparse.Namespace) -> GRPOConfig:
         scale_rewards="group",
         beta=0.0,
         success_threshold=1.0,
+        # per-turn credit: each guess's own reward (Wordle's guess_reward) goes to the tokens
+        # of the turn that made it ("return" would spread it over the whole game)
+        step_rewards="tokens",
         save_steps=0,
         max_staleness=args.max_staleness,
         verbose=args.verbose,
@@ -199,6 +202,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--eval-games", type=int, default=32, help="held-out games per evaluation")
     parser.add_argument("--shaping", type=float, default=0.5, help="Wordle partial credit")
     parser.add_argument(
+        "--guess-reward",
+        type=float,
+        default=0.08,
+        help="Wordle's per-guess reward: + for a guess that fits all feedback so far, - for a "
+        "repeated or invalid word, credited to that turn's tokens (0: off; shaping + 5 x this "
+        "must stay below 1)",
+    )
+    parser.add_argument(
         "--bf16",
         action=argparse.BooleanOptionalAction,
         default=fast_bf16(),
@@ -259,7 +270,7 @@ def main() -> None:
         spec.dataset(2000, seed=args.seed, split="train"),
         args=config_from(args),
         eval_dataset=spec.dataset(args.eval_games, seed=args.seed + 1, split="test"),
-        env_kwargs={"shaping": args.shaping},
+        env_kwargs={"shaping": args.shaping, "guess_reward": args.guess_reward},
     )
     if args.warmup_games:
         demos = spec.dataset(args.warmup_games, seed=args.warmup_seed, split="train")

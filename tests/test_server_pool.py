@@ -148,8 +148,8 @@ class Servers:
     """vLLM servers on 127.0.0.1, each in a process group of its own (the API server and its
     engine-core process), killed by group."""
 
-    def __init__(self, model: Path, root: Path, context: int = 2048) -> None:
-        self.model, self.root, self.context = model, root, context
+    def __init__(self, model: Path, root: Path, context: int = 2048, options=()) -> None:
+        self.model, self.root, self.context, self.options = model, root, context, list(options)
         self.running: dict[str, subprocess.Popen] = {}
 
     def start(self, url: str | None = None) -> str:
@@ -171,7 +171,7 @@ class Servers:
             "--max-model-len", str(self.context),
             "--enforce-eager", "--kv-cache-memory-bytes", str(64 << 20), "--block-size", "32",
             "--distributed-executor-backend", "uni", "--logprobs-mode", "processed_logprobs",
-            "--enable-prompt-tokens-details",
+            "--enable-prompt-tokens-details", *self.options,
         ]  # fmt: skip
         with open(self.root / f"server-{port}.log", "ab") as log:
             self.running[url] = subprocess.Popen(
@@ -469,3 +469,19 @@ def test_a_server_that_hangs_has_its_requests_sent_on_and_is_put_back(served, en
         servers.signal(hung, signal.SIGCONT)
     wait_for(lambda: engine.stats()[hung]["up"], timeout=60)
     assert same_policy(greedy_on(hung, 800), reference)
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_a_server_without_a_weight_transfer_config_is_refused_with_how_to_start_it(served):
+    from toolgym.agents.engines.http_json import ServerError
+    from toolgym.agents.engines.server_sync import TransferSync
+
+    _, urls, _, model = served
+    sync = TransferSync("toolgym-gloo", timeout=60.0)
+    sync.write(model.state_dict())
+    started = time.monotonic()
+    with pytest.raises(ServerError, match="--weight-transfer-config"):
+        sync(urls[0])
+    assert time.monotonic() - started < 30  # refused at once, not after the group's timeout
+    assert greedy_on(urls[0], 4)  # and the server still serves (generation resumed)

@@ -48,7 +48,9 @@ def make_engine(
         return VLLMEngine(str(folder), dtype=dtype, seed=args.seed, **kv, **quiet)
     from toolgym.agents.engines.server import VLLMServerEngine
 
-    return VLLMServerEngine(args.vllm_server_url, weights_dir=str(folder))
+    return VLLMServerEngine(
+        args.vllm_server_url, weights_dir=str(folder), weight_sync=args.weight_sync
+    )
 
 
 def check_pipelining(args: GRPOConfig, engine: Any) -> None:

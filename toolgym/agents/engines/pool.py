@@ -46,6 +46,8 @@ class ServerPool:
     Args:
         urls: The servers' base URLs (a router in front of several counts as one).
         sync: Gives one server (its URL) the current weights; raises `ServerError`.
+        forget: Told a server's URL before it is synced to rejoin (what linked it to the
+            weights is stale: a server that comes back may have restarted).
         sticky: Keep a session on one server (see `Router`).
         probe_interval: Seconds between health probes of the servers taken out and of those
             with requests in flight.
@@ -64,9 +66,11 @@ class ServerPool:
         probe_timeout: float = 2.0,
         wait_for_server: float = 30.0,
         retries: int = 2,
+        forget: Callable[[str], None] | None = None,
     ) -> None:
         self.router = Router(sticky=sticky)
         self._sync = sync
+        self._forget = forget or (lambda url: None)
         self.probe_timeout, self.wait_for_server, self.retries = (
             probe_timeout,
             wait_for_server,
@@ -217,6 +221,7 @@ class ServerPool:
         with self._weights:
             if self.version:  # it may have restarted from its first weights: sync it always
                 try:
+                    self._forget(server.url)
                     self._sync(server.url)
                 except ServerError:
                     return False

@@ -10,10 +10,12 @@ of several counts as one), an episode's turns stay on the server of its first tu
 healthy, new episodes go to the least-loaded one, and a server that stops answering is taken
 out and put back when it answers again (`pool.py`, `routing.py`).
 
-Weights are updated over HTTP: the client writes them as safetensors into `weights_dir`, a
-folder every server can read (same machine or shared storage), and calls each server's
-`POST /collective_rpc` with `reload_weights(weights_path=...)`; the servers must run with
-`VLLM_SERVER_DEV_MODE=1` for that route to exist.
+Weights reach every server as `weight_sync` says (`server_sync.py`): `"folder"` (the default)
+writes them as safetensors into `weights_dir`, a folder every server can read (same machine or
+shared storage), and has each server reload it through `POST /collective_rpc` (the servers run
+with `VLLM_SERVER_DEV_MODE=1`); `"toolgym-gloo"` (CPUs) and `"nccl"` (GPUs) broadcast them
+through vLLM's own weight-transfer API to servers started with the matching
+`--weight-transfer-config`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any
 from toolgym.agents.engines.base import Completion, EngineCapabilities, GenerationRequest
 from toolgym.agents.engines.http_json import Connected, ServerError, ServerGone, call_json
 from toolgym.agents.engines.pool import Answer, ServerPool
+from toolgym.agents.engines.server_sync import make_weight_sync
 
 __all__ = ["ServerError", "ServerGone", "VLLMServerEngine"]
 
@@ -40,7 +43,10 @@ class VLLMServerEngine:
             of comma-separated URLs), all serving the same model.
         model: The served model name; by default the first one `/v1/models` lists.
         context_length: Defaults to the served model's `max_model_len`.
-        weights_dir: Where `update_weights` writes weights for the servers to read.
+        weights_dir: Where `update_weights` writes weights for the servers to read
+            (`weight_sync="folder"`).
+        weight_sync: How servers get new weights: `"folder"`, `"toolgym-gloo"` or `"nccl"`
+            (see `toolgym.agents.engines.server_sync`).
         timeout: Seconds to wait for one HTTP request.
         max_parallel: Requests in flight at once.
         sticky: Keep an episode's turns on one server (False: each request to the least
@@ -68,13 +74,16 @@ class VLLMServerEngine:
         wait_for_server: float = 30.0,
         probe_interval: float = 1.0,
         probe_timeout: float = 5.0,
+        weight_sync: str = "folder",
     ) -> None:
         urls = base_url.split(",") if isinstance(base_url, str) else list(base_url)
         self.timeout = timeout
         self.weights_dir = Path(weights_dir or tempfile.mkdtemp(prefix="toolgym-weights-"))
+        self.weight_sync = make_weight_sync(weight_sync, self.weights_dir, timeout)
         self.pool = ServerPool(
             [url.strip().rstrip("/") for url in urls if url.strip()],
-            sync=self._reload,
+            sync=self.weight_sync,
+            forget=self.weight_sync.forget,
             sticky=sticky,
             probe_interval=probe_interval,
             probe_timeout=probe_timeout,
@@ -138,24 +147,15 @@ class VLLMServerEngine:
         )
 
     def update_weights(self, model_or_state_dict: Any) -> None:
-        """Write the weights to `weights_dir` and have every server reload them from there:
-        requests in flight finish under the old weights first, new ones wait for every
-        server to hold the new ones (no completion mixes two policies)."""
-        from safetensors.torch import save_file
-
+        """Give every server the new weights (`weight_sync`): requests in flight finish under
+        the old weights first, new ones wait for every server to hold the new ones (no
+        completion mixes two policies)."""
         state = (
             model_or_state_dict.state_dict()
             if hasattr(model_or_state_dict, "state_dict")
             else model_or_state_dict
         )
-        # clone: tied parameters share storage, which safetensors refuses to write twice
-        tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in state.items()}
-        self.pool.update(lambda: save_file(tensors, str(self.weights_dir / "model.safetensors")))
-
-    def _reload(self, url: str) -> None:
-        body = {"method": "reload_weights", "kwargs": {"weights_path": str(self.weights_dir)}}
-        call_json(url, "POST", "/collective_rpc", body, self.timeout)
-        call_json(url, "POST", "/reset_prefix_cache", timeout=self.timeout)  # KV of old weights
+        self.pool.update(lambda: self.weight_sync.write(state))
 
     def add_server(self, url: str) -> bool:
         """Send requests to `url` too, once it answers and holds the current weights (given

@@ -11,6 +11,8 @@ toolgym endpoint --model smollm2-135m [--port 8000]  an OpenAI-compatible endpoi
                                                      records exact tokens per session
 toolgym serve Wordle-v0 --protocol mcp [--stdio]     an environment as an MCP server, one
                                                      instance per client session
+toolgym accelerate-config multi-node-ddp             the path of a shipped accelerate config,
+                                                     for `accelerate launch --config_file`
 
 ENV is a registered id (Wordle-v0), path/to/file.py:Class or module:attr (an environment
 class or a factory); `toolgym COMMAND --help` for each command's options.
@@ -24,6 +26,7 @@ import sys
 from toolgym.cli.endpoint import add_endpoint_command
 from toolgym.cli.episodes import add_episode_commands
 from toolgym.cli.errors import CLIError
+from toolgym.cli.multinode import add_accelerate_config_command
 from toolgym.cli.serve import add_serve_command
 from toolgym.cli.train import add_train_command
 
@@ -41,6 +44,7 @@ def build_parser(train_flags: bool = True) -> argparse.ArgumentParser:
     add_train_command(commands, with_config_flags=train_flags)
     add_endpoint_command(commands)
     add_serve_command(commands)
+    add_accelerate_config_command(commands)
     return parser
 
 

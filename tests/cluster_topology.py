@@ -85,15 +85,20 @@ def policy_logprobs(folder: Path, ids: list[int]) -> list[float]:
     return chosen.tolist()
 
 
-def run(root: Path, n_servers: int = 2, timeout: float = 240) -> dict[str, Any]:
-    """Start the servers, probe them, run the two-process step, probe again; every process
-    of the run is gone when this returns (checked: `left` lists any that is not)."""
+def run(
+    root: Path, n_servers: int = 2, timeout: float = 240, weight_sync: str = "folder"
+) -> dict[str, Any]:
+    """Start the servers, probe them, run the two-process step (the servers given weights as
+    `weight_sync` says), probe again; every process of the run is gone when this returns
+    (checked: `left` lists any that is not)."""
     tag = uuid.uuid4().hex
     os.environ[MARK] = tag  # inherited by the servers and the trainers (not by later runs)
     timings: dict[str, Any] = {}
     model = save_model(root / "model")
     (root / "servers").mkdir(parents=True, exist_ok=True)
-    servers = Servers(model, root / "servers")
+    transfer = json.dumps({"backend": weight_sync})
+    options = () if weight_sync == "folder" else ("--weight-transfer-config", transfer)
+    servers = Servers(model, root / "servers", options=options)
     try:
         began = time.perf_counter()
         urls = [servers.start() for _ in range(n_servers)]
@@ -105,7 +110,7 @@ def run(root: Path, n_servers: int = 2, timeout: float = 240) -> dict[str, Any]:
         accelerate = Path(sys.executable).with_name("accelerate")
         command = [str(accelerate), "launch", "--multi_gpu", "--num_processes", "2"]
         command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-        command += [str(SCRIPT), str(output), str(model), ",".join(urls)]
+        command += [str(SCRIPT), str(output), str(model), ",".join(urls), weight_sync]
         began = time.perf_counter()
         done = run_group(command, timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
         timings["trainers"] = time.perf_counter() - began

@@ -26,7 +26,7 @@ needs_vllm = pytest.mark.skipif(
 def test_one_step_on_two_trainers_and_two_servers_leaves_one_policy_everywhere(tmp_path):
     from cluster_topology import difference, run
 
-    ran = run(tmp_path)
+    ran = run(tmp_path, weight_sync="toolgym-gloo")  # the folder way: test_server_pool.py
     first, second = ran["urls"]
     after = ran["after"]
     # (a) both servers serve the same weights after the step ...

@@ -48,7 +48,7 @@ def sandboxed(pid: int) -> bool:
         return False
 
 
-def main(output: Path, model_folder: str, urls: str) -> None:
+def main(output: Path, model_folder: str, urls: str, weight_sync: str = "folder") -> None:
     started = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(model_folder)
     model = AutoModelForCausalLM.from_pretrained(model_folder, torch_dtype=torch.float32)
@@ -66,6 +66,7 @@ def main(output: Path, model_folder: str, urls: str) -> None:
         save_steps=0,
         engine="vllm-server",
         vllm_server_url=urls,
+        weight_sync=weight_sync,  # type: ignore[arg-type]
         sandbox="process",
         distributed_timeout=120.0,
     )
@@ -124,4 +125,4 @@ def main(output: Path, model_folder: str, urls: str) -> None:
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3])
+    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3], *sys.argv[4:5])

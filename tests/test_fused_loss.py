@@ -140,6 +140,22 @@ def test_a_head_that_does_not_train_gets_no_gradient_and_the_rest_still_matches(
     assert all(torch.allclose(grads[n], ref_grads[n], rtol=RTOL, atol=ATOL) for n in grads)
 
 
+def test_a_hooked_head_takes_autograd_through_the_module_and_matches():
+    """A head that is not a bare `nn.Linear` (here one with a forward hook, as LoRA wrappers
+    or offloading add) gets its gradients through the module by autograd instead of by hand."""
+    model = MODELS["cohere-logit_scale"]().double().train()
+    calls = []
+    model.get_output_embeddings().register_forward_hook(lambda *_: calls.append(1))
+    data = _inputs(model, torch.Generator().manual_seed(8))
+    settings = dict(loss_type="grpo", beta=0.1, importance_cap=2.0)
+    loss, _, grads = _loss_and_grads(model, data, True, True, **settings)
+    used = len(calls)
+    ref_loss, _, ref_grads = _loss_and_grads(model, data, False, True, **settings)
+    assert used >= 10  # one call per chunk (and the one-time check): the module ran
+    assert torch.allclose(loss, ref_loss, rtol=RTOL, atol=ATOL)
+    assert all(torch.allclose(grads[n], ref_grads[n], rtol=RTOL, atol=ATOL) for n in grads)
+
+
 def test_bad_settings_are_named():
     model = MODELS["llama"]()
     data = _inputs(model.double(), torch.Generator().manual_seed(0))

@@ -34,6 +34,7 @@ from toolgym.algorithms.losses import (
     StepNormalizer,
     aggregation_weights,
     captured_hidden,
+    chunk_positions,
     chunked_logprobs_match,
     full_logprobs,
     importance_weight,
@@ -127,32 +128,26 @@ class _FusedHeadLoss(torch.autograd.Function):
     def forward(ctx: Any, hidden: torch.Tensor, plan: _Plan, *params: torch.Tensor) -> Any:
         per_chunk = _compiled_chunk_loss() if plan.compiled else _chunk_loss
         wants = [hidden.requires_grad, *(p.requires_grad for p in params)]
-        grad_hidden = torch.zeros_like(hidden) if wants[0] else None
-        grad_params = [
-            torch.zeros_like(p) if w else None for p, w in zip(params, wants[1:], strict=True)
+        grads = [
+            torch.zeros_like(t) if w else None
+            for t, w in zip((hidden, *params), wants, strict=True)
         ]
+        by_hand = _plain_linear(plan.head, hidden)
         losses, pieces = [], []
-        for start in range(0, hidden.shape[0], plan.chunk_size):
-            part = slice(start, start + plan.chunk_size)
-            with torch.enable_grad():
-                h = hidden[part].detach().requires_grad_(wants[0])
-                local = [
-                    p.detach().requires_grad_(w) for p, w in zip(params, wants[1:], strict=True)
-                ]
-                logits = functional_call(plan.head, dict(zip(plan.names, local, strict=True)), (h,))
-                chunk: dict[str, Any] = {
-                    k: None if v is None else v[part] for k, v in plan.per_token.items()
-                }
-                loss, logprobs = per_chunk(logits, settings=plan.settings, **chunk)
-                inputs = [t for t in (h, *local) if t.requires_grad]
-                grads = list(torch.autograd.grad(loss, inputs)) if inputs else []
-            if grad_hidden is not None:
-                grad_hidden[part] = grads.pop(0)
-            for total, grad in zip([g for g in grad_params if g is not None], grads, strict=True):
-                total += grad
-            losses.append(loss.detach())
+        step = chunk_positions(plan.chunk_size, plan.head)
+        for start in range(0, hidden.shape[0], step):
+            part = slice(start, start + step)
+            chunk: dict[str, Any] = {
+                k: None if v is None else v[part] for k, v in plan.per_token.items()
+            }
+            chunk_loss = functools.partial(per_chunk, settings=plan.settings, **chunk)
+            if by_hand:
+                loss, logprobs = _linear_chunk(chunk_loss, hidden[part], params, grads, part)
+            else:
+                loss, logprobs = _module_chunk(chunk_loss, plan, hidden[part], params, grads, part)
+            losses.append(loss)
             pieces.append(logprobs)
-        ctx.grads = (grad_hidden, *grad_params)
+        ctx.grads = grads
         logprobs = torch.cat(pieces)
         ctx.mark_non_differentiable(logprobs)
         return torch.stack(losses).sum(), logprobs
@@ -163,6 +158,58 @@ class _FusedHeadLoss(torch.autograd.Function):
         if not bool(grad_loss == 1):  # the buffers are this function's own: scale in place
             grads = tuple(None if g is None else g.mul_(grad_loss.to(g.dtype)) for g in grads)
         return grads[0], None, *grads[1:]
+
+
+def _plain_linear(head: nn.Module, hidden: torch.Tensor) -> bool:
+    """Whether the head is a bare `nn.Linear` outside autocast: its gradients are then taken
+    by hand, accumulated in place (no chunk-sized copy of the weight's gradient)."""
+    if type(head) is not nn.Linear or head._forward_hooks or head._forward_pre_hooks:
+        return False
+    return head.weight.dtype == hidden.dtype and not torch.is_autocast_enabled(hidden.device.type)
+
+
+def _linear_chunk(
+    chunk_loss: Any, h: torch.Tensor, params: tuple[torch.Tensor, ...], grads: list, part: slice
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk through a bare linear head: the loss's gradient to the logits by autograd,
+    then to the hidden states and the head's weight and bias by matrix products."""
+    weight, bias = params[0], params[1] if len(params) > 1 else None
+    with torch.enable_grad():
+        logits = nn.functional.linear(h, weight, bias).requires_grad_()
+        loss, logprobs = chunk_loss(logits)
+        (grad_logits,) = torch.autograd.grad(loss, [logits])
+    if grads[0] is not None:
+        torch.matmul(grad_logits, weight, out=grads[0][part])
+    if grads[1] is not None:
+        grads[1].addmm_(grad_logits.T, h)
+    if bias is not None and grads[2] is not None:
+        grads[2] += grad_logits.sum(0)
+    return loss.detach(), logprobs
+
+
+def _module_chunk(
+    chunk_loss: Any,
+    plan: _Plan,
+    h: torch.Tensor,
+    params: tuple[torch.Tensor, ...],
+    grads: list,
+    part: slice,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk through any head module (LoRA-wrapped, hooked, under autocast): the
+    gradients to the chunk's hidden states and the head's parameters by autograd."""
+    wants = [g is not None for g in grads]
+    with torch.enable_grad():
+        h = h.detach().requires_grad_(wants[0])
+        local = [p.detach().requires_grad_(w) for p, w in zip(params, wants[1:], strict=True)]
+        logits = functional_call(plan.head, dict(zip(plan.names, local, strict=True)), (h,))
+        loss, logprobs = chunk_loss(logits)
+        inputs = [t for t in (h, *local) if t.requires_grad]
+        found = list(torch.autograd.grad(loss, inputs)) if inputs else []
+    if grads[0] is not None:
+        grads[0][part] = found.pop(0)
+    for total, grad in zip([g for g in grads[1:] if g is not None], found, strict=True):
+        total += grad
+    return loss.detach(), logprobs
 
 
 def fused_policy_loss(

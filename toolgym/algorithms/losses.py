@@ -152,6 +152,21 @@ def _compiled_chunk_logprobs() -> Any:
     return torch.compile(_chunk_logprobs_by_logsumexp)
 
 
+CHUNK_LOGITS_BYTES = 256 * 2**20
+"""The most float32 logits one chunk holds: a chunk has fewer positions than asked where the
+vocabulary is large (256 for Gemma 3's 262,144 entries)."""
+
+
+def chunk_positions(chunk_size: int, head: nn.Module) -> int:
+    """Positions per chunk: `chunk_size`, capped so one chunk's float32 logits stay within
+    `CHUNK_LOGITS_BYTES` for a head whose output width is known."""
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
+    weight = getattr(head, "weight", None)
+    vocabulary = weight.shape[0] if isinstance(weight, torch.Tensor) else 0
+    return max(1, min(chunk_size, CHUNK_LOGITS_BYTES // max(4 * vocabulary, 1)))
+
+
 def compile_by_default(setting: bool | None, device: torch.device) -> bool:
     """`compile_logprobs` resolved: None means on for CUDA devices only."""
     return device.type == "cuda" if setting is None else setting
@@ -255,9 +270,10 @@ def _chunked(
     batch, length, width = hidden.shape
     flat_hidden, flat_targets = hidden.reshape(-1, width), targets.reshape(-1)
     pieces = []
-    for start in range(0, flat_targets.numel(), chunk_size):
-        h = flat_hidden[start : start + chunk_size]
-        t = flat_targets[start : start + chunk_size]
+    step = chunk_positions(chunk_size, head)
+    for start in range(0, flat_targets.numel(), step):
+        h = flat_hidden[start : start + step]
+        t = flat_targets[start : start + step]
         if torch.is_grad_enabled():
             pieces.append(
                 checkpoint(per_chunk, head, h, t, temperature, transform, use_reentrant=False)

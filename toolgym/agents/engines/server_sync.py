@@ -1,14 +1,14 @@
 """How `VLLMServerEngine` gives each server the current weights (`weight_sync`).
 
 `"folder"` (the default) writes the weights once as safetensors into a folder every server
-can read (the same machine or shared storage) and has each server reload them from there
-(`POST /collective_rpc`, which needs `VLLM_SERVER_DEV_MODE=1`). `"toolgym-gloo"` and
-`"nccl"` go through vLLM's own weight-transfer API (`weight_transfer.py`): nothing touches a
-disk, the trainer broadcasts each tensor to the server's workers over a process group of
-their own (gloo on TCP, for CPUs; NCCL, for GPUs), and the server must run with
-`--weight-transfer-config '{"backend": "<the same name>"}'`. The choice is the user's, never
-made silently: a server started without the matching config fails the first sync with a
-message that says so.
+can read (its `policy/` subfolder; the same machine or shared storage) and has each server
+reload them from there (`POST /collective_rpc`, which needs `VLLM_SERVER_DEV_MODE=1`).
+`"toolgym-gloo"` and `"nccl"` go through vLLM's own weight-transfer API
+(`weight_transfer.py`): nothing touches a disk, the trainer broadcasts each tensor to the
+server's workers over a process group of their own (gloo on TCP, for CPUs; NCCL, for GPUs),
+and the server must run with `--weight-transfer-config '{"backend": "<the same name>"}'`.
+The choice is the user's, never made silently: a server started without the matching config
+fails the first sync with a message that says so.
 """
 
 from __future__ import annotations
@@ -57,7 +57,10 @@ class FolderSync:
 
     def __init__(self, folder: Path, timeout: float) -> None:
         self.folder, self.timeout = folder, timeout
-        folder.mkdir(parents=True, exist_ok=True)
+        self.target = folder / "policy"
+        """The subfolder the servers reload: only this file in it (a server reads every
+        safetensors file of the folder it is given)."""
+        self.target.mkdir(parents=True, exist_ok=True)
 
     def write(self, state: dict[str, torch.Tensor]) -> None:
         """Write `model.safetensors` into the folder."""
@@ -65,11 +68,11 @@ class FolderSync:
 
         # clone: tied parameters share storage, which safetensors refuses to write twice
         tensors = {name: t.detach().to("cpu").contiguous().clone() for name, t in state.items()}
-        save_file(tensors, str(self.folder / "model.safetensors"))
+        save_file(tensors, str(self.target / "model.safetensors"))
 
     def __call__(self, url: str) -> None:
         """Have the server reload the folder and drop its prompt cache (old weights' KV)."""
-        body = {"method": "reload_weights", "kwargs": {"weights_path": str(self.folder)}}
+        body = {"method": "reload_weights", "kwargs": {"weights_path": str(self.target)}}
         call_json(url, "POST", "/collective_rpc", body, self.timeout)
         call_json(url, "POST", "/reset_prefix_cache", timeout=self.timeout)
 

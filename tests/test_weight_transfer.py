@@ -109,6 +109,34 @@ def test_a_restarted_server_gets_a_new_group_and_the_current_weights(served, tmp
         engine.close()
 
 
+def test_a_silent_restart_is_caught_and_a_following_pool_waits_for_the_leaders_sync(
+    served, tmp_path
+):
+    """The server restarts between two probes, with no request in flight to notice it: the
+    leading pool's probe finds vLLM's "default" version where its own tag was, takes it out
+    and syncs it again. A second pool that follows (another trainer process's: `advance`,
+    never a sync) lets it in only once it reports the current version."""
+    servers, url, tokenizer, model = served
+    leader = engine_for(url, "toolgym-gloo", tmp_path / "leader")
+    follower = engine_for(url, "toolgym-gloo", tmp_path / "follower")
+    try:
+        leader.update_weights(another_policy(model, tokenizer, seed=13))
+        follower.pool.advance()
+        current = greedy_on(url, 16)
+        assert same_policy(follower.submit(greedy(16)).result(timeout=60), current, 1e-6)
+        servers.kill(url)
+        servers.start(url)
+        servers.wait(url)
+        wait_for(lambda: not follower.stats()[url]["up"], timeout=30)  # "default": not current
+        answer = follower.submit(greedy(16))  # waits for a server with the current weights
+        assert same_policy(answer.result(timeout=120), current, tolerance=1e-6)
+        assert same_policy(greedy_on(url, 16), current, tolerance=1e-6)
+        assert leader.stats()[url]["up"] and follower.stats()[url]["up"]
+    finally:
+        leader.close()
+        follower.close()
+
+
 def test_an_unknown_weight_sync_is_named():
     from toolgym.agents.engines.server_sync import make_weight_sync
 

@@ -75,9 +75,9 @@ def sync_weights(engine: Any, policy: Any, accelerator: Any = None) -> dict[str,
 
     Servers shared by several trainer processes (which hold equal weights after an update)
     are synced once, by the main process, while the others wait at a barrier until every
-    server holds the new weights: each process writing the same folder and reloading every
-    server would sync each server once per process, and a server could read the file while
-    another process rewrites it.
+    server holds the new weights, then count the new version (`ServerPool.advance`): each
+    process writing the same folder and reloading every server would sync each server once
+    per process, and a server could read the file while another process rewrites it.
 
     Returns the step's figures: `weight_sync_seconds` (this process's wall time, the wait
     included) and `weight_sync_bytes` (what this process handed the engine: 0 where the
@@ -96,4 +96,6 @@ def sync_weights(engine: Any, policy: Any, accelerator: Any = None) -> dict[str,
     finally:
         if shared:  # even when a sync failed: the others must not wait for the timeout
             accelerator.wait_for_everyone()
+    if shared and not accelerator.is_main_process:
+        engine.pool.advance()  # a server back later is let in once it reports these weights
     return {"weight_sync_seconds": time.perf_counter() - started, "weight_sync_bytes": sent}

@@ -13,6 +13,12 @@ whichever server holds them), holds back new ones, gives every healthy server th
 and only then lets the held requests go: no completion mixes two policies, and no request
 reaches a server whose weights are behind. A server that joins later (`add`, or one coming
 back) gets the current weights before its first request.
+
+Each synced server is told the weights' version (vLLM's `/update_weight_version`); the probe
+asks idle servers for theirs (`/weight_info`), so a server that restarted between two probes
+(back on its first weights, version "default") is taken out and synced again. Several trainer
+processes sharing servers have one pool each: the main process's syncs them, the others
+`advance` and let a server in only once it reports the current version.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import TypeVar
 
 from toolgym.agents.engines.http_json import Connected, ServerError, ServerGone, call_json, cut
 from toolgym.agents.engines.routing import Router, ServerState
+from toolgym.agents.engines.weight_version import label, reported_version, tag
 
 __all__ = ["Answer", "ServerError", "ServerGone", "ServerPool", "call_json"]
 
@@ -78,6 +85,8 @@ class ServerPool:
         )
         self.version = 0
         """The current weights' version (0: those the servers started with)."""
+        self.leads = True
+        """This pool syncs the servers (False after `advance`: another process's pool does)."""
         self._cond = threading.Condition()  # router state, requests in flight vs an update
         self._weights = threading.Lock()  # one change of weights at a time (update or rejoin)
         self._updating = False
@@ -201,6 +210,16 @@ class ServerPool:
                 self._updating = False
                 self._cond.notify_all()
 
+    def advance(self) -> None:
+        """Another process's pool gave every server the next weights: count them, and from now
+        on let a server (back) in only once it reports this version; never sync from here."""
+        with self._weights:
+            self.leads = False
+            self.version += 1
+            with self._cond:
+                for server in self.router.servers:
+                    server.version = self.version
+
     def _sync_one(self, server: ServerState) -> ServerError | None:
         """Sync one server (under `_weights`); gone: taken out; refused: the error."""
         try:
@@ -210,6 +229,7 @@ class ServerPool:
                 server.up = False
             return None if isinstance(error, ServerGone) else error
         server.version = self.version
+        tag(server.url, label(self.version), self.probe_timeout)
         return None
 
     def _rejoin(self, server: ServerState) -> bool:
@@ -219,13 +239,17 @@ class ServerPool:
         except ServerError:
             return False
         with self._weights:
-            if self.version:  # it may have restarted from its first weights: sync it always
+            if self.version and not self.leads:  # the leading pool syncs it
+                if reported_version(server.url, self.probe_timeout) != label(self.version):
+                    return False
+            elif self.version:  # it may have restarted from its first weights: sync it always
                 try:
                     self._forget(server.url)
                     self._sync(server.url)
                 except ServerError:
                     return False
-                server.version = self.version
+                tag(server.url, label(self.version), self.probe_timeout)
+            server.version = self.version
             with self._cond:
                 server.up = True
                 self._cond.notify_all()
@@ -240,6 +264,21 @@ class ServerPool:
                     self._rejoin(server)
                 elif server.in_flight:
                     self._watch(server)
+                else:
+                    self._check_version(server)
+
+    def _check_version(self, server: ServerState) -> None:
+        """Take out an idle server that reports other weights than the current ones (it
+        restarted unseen); servers that report no version are not checked."""
+        if not self.version or not self._weights.acquire(blocking=False):
+            return  # the servers' first weights, or an update or rejoin under way
+        try:
+            found = reported_version(server.url, self.probe_timeout)
+            if found is not None and found != label(self.version):
+                with self._cond:
+                    server.up = False
+        finally:
+            self._weights.release()
 
     def _watch(self, server: ServerState) -> None:
         """Probe a server with requests in flight; one that misses `misses_to_cut` probes in a

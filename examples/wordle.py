@@ -6,8 +6,12 @@ cannot call tools before it), an evaluation on held-out words (greedy, and sampl
 training temperature), GRPO steps with a progress bar (rollouts on vLLM's CPU build when it is
 installed, as `make run` installs it), the same evaluation again, `runs/wordle/rewards.png`, a
 summary table and the run's stage table (time and peak memory). The whole run keeps to
-`--time-budget` (30 minutes by default): GRPO gets the time the rest leaves. The warm-up is
-cached, so a second run spends that time on GRPO instead.
+`--time-budget` (30 minutes by default), split by a plan made from this machine's measured
+speed (one timed forward and backward pass over two demonstrations): the warm-up and the
+held-out evaluation shrink together (to at least 64 games and 16 paired games per mode) when
+their full sizes would leave GRPO less than 60% of the budget, and GRPO gets the time the rest
+leaves (`toolgym.algorithms.budget`). The warm-up is cached, so a second run spends that time
+on GRPO instead.
 
     python examples/wordle.py                      # CPU default (see README for timings)
     python examples/wordle.py --quick              # a few steps, for smoke tests
@@ -32,8 +36,18 @@ import torch
 import toolgym
 from toolgym.agents import AgentLimits
 from toolgym.agents.trajectory import load_jsonl
-from toolgym.algorithms import GRPOConfig, GRPOTrainer, SFTConfig, default_cache_dir
+from toolgym.algorithms import (
+    GRPOConfig,
+    GRPOTrainer,
+    SFTConfig,
+    collate,
+    default_cache_dir,
+    token_logprobs,
+    training_samples,
+)
+from toolgym.algorithms.budget import BudgetPlan, BudgetRequest, Speeds, plan_budget
 from toolgym.algorithms.tracking import plot_rewards
+from toolgym.algorithms.warmup_cache import warmup_key
 from toolgym.envs.wordle import WordleExpert
 
 
@@ -92,15 +106,15 @@ def config_from(args: argparse.Namespace) -> GRPOConfig:
     )
 
 
-def evaluate(trainer: GRPOTrainer, stage: str) -> dict[str, dict]:
-    """Held-out games played greedily and sampled at the training temperature (the policy GRPO
-    actually optimises; greedy decoding can hide or exaggerate what changed). `stage` is
-    "before" or "after" (GRPO). Each mode's figures keep every game's reward and skill
-    metrics, in game order, for the paired differences."""
+def evaluate(trainer: GRPOTrainer, stage: str, rows: list[dict]) -> dict[str, dict]:
+    """Held-out games (`rows`, the same before and after) played greedily and sampled at the
+    training temperature (the policy GRPO actually optimises; greedy decoding can hide or
+    exaggerate what changed). `stage` is "before" or "after" (GRPO). Each mode's figures keep
+    every game's reward and skill metrics, in game order, for the paired differences."""
     figures = {}
     for mode, temperature in (("greedy", 0.0), ("sampled", trainer.args.temperature)):
         samples = f"eval-{stage}-{mode}.jsonl"
-        figures[mode] = trainer.evaluate(temperature=temperature, samples_file=samples)
+        figures[mode] = trainer.evaluate(rows, temperature=temperature, samples_file=samples)
         episodes = load_jsonl(Path(trainer.args.output_dir) / samples)
         figures[mode]["rewards"] = [episode.reward for episode in episodes]
         figures[mode]["skills"] = [episode.env_metrics for episode in episodes]
@@ -189,7 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompts-per-step", type=int, default=2)
     parser.add_argument("--num-generations", type=int, default=4)
     parser.add_argument("--learning-rate", type=float, default=2e-5)
-    parser.add_argument("--warmup-games", type=int, default=96, help="expert demonstrations")
+    parser.add_argument(
+        "--warmup-games",
+        type=int,
+        default=96,
+        help="expert demonstrations (the most: see --time-budget)",
+    )
     parser.add_argument(
         "--warmup-seed",
         type=int,
@@ -199,7 +218,12 @@ def build_parser() -> argparse.ArgumentParser:
         "with --seed 2 GRPO's first words are the demonstrations' words, which is harmless: "
         "evaluations use the held-out split)",
     )
-    parser.add_argument("--eval-games", type=int, default=32, help="held-out games per evaluation")
+    parser.add_argument(
+        "--eval-games",
+        type=int,
+        default=32,
+        help="held-out games per evaluation mode (the most: see --time-budget)",
+    )
     parser.add_argument("--shaping", type=float, default=0.5, help="Wordle partial credit")
     parser.add_argument(
         "--guess-reward",
@@ -208,6 +232,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="Wordle's per-guess reward: + for a guess that fits all feedback so far, - for a "
         "repeated or invalid word, credited to that turn's tokens (0: off; shaping + 5 x this "
         "must stay below 1)",
+    )
+    parser.add_argument(
+        "--known-letters",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Wordle's feedback adds a line of everything known so far (greens by position, "
+        "letters elsewhere and where they are not, letters ruled out), in the expert's "
+        "demonstrations, GRPO and the evaluations alike",
     )
     parser.add_argument(
         "--bf16",
@@ -233,10 +265,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--time-budget",
         type=parse_duration,
-        default="30m",
-        help="wall time for the whole run (30m, 1h, 900s; 0: none, run --steps): GRPO runs as "
+        default=None,
+        help="wall time for the whole run (30m, 1h, 900s; 0: none, run --steps; default 30m, "
+        "0 with --quick): --warmup-games and --eval-games are the most, shrunk when they would "
+        "leave GRPO less than --grpo-share of it at this machine's measured speed; GRPO runs as "
         "many steps (up to --steps) as fit, at the measured step time, before the final "
         "evaluation",
+    )
+    parser.add_argument(
+        "--grpo-share",
+        type=float,
+        default=0.6,
+        help="the share of --time-budget that GRPO keeps at least (warm-up and evaluation shrink "
+        "for it, to 64 and 16 games at the least)",
     )
     parser.add_argument(
         "--no-cache",
@@ -261,34 +302,169 @@ def main() -> None:
         return
     if args.quick:
         args.steps, args.prompts_per_step, args.num_generations = 2, 1, 2
-        args.warmup_games, args.eval_games, args.time_budget = 8, 2, 0
+        args.warmup_games, args.eval_games = 8, 2
+        args.time_budget = 0 if args.time_budget is None else args.time_budget
+    if args.time_budget is None:
+        args.time_budget = 30 * 60.0
     started = time.perf_counter()
-    spec = toolgym.spec("Wordle-v0")
+    train_rows, warmup_rows, eval_rows = datasets(args)
     trainer = GRPOTrainer(
         args.model,
         "Wordle-v0",
-        spec.dataset(2000, seed=args.seed, split="train"),
+        train_rows,
         args=config_from(args),
-        eval_dataset=spec.dataset(args.eval_games, seed=args.seed + 1, split="test"),
-        env_kwargs={"shaping": args.shaping, "guess_reward": args.guess_reward},
+        eval_dataset=eval_rows,
+        env_kwargs={
+            "shaping": args.shaping,
+            "guess_reward": args.guess_reward,
+            "known_letters": args.known_letters,
+        },
     )
+    plans: dict[str, BudgetPlan] = {}
+    speed = Speeds.from_warmup(1.0, EVAL_RATIO, step_ratio(args))  # replaced when measured
     if args.warmup_games:
-        demos = spec.dataset(args.warmup_games, seed=args.warmup_seed, split="train")
-        warm_up(trainer, demos, args)
-    before = evaluate(trainer, "before")
+        rows = warmup_rows
+        speed, cached = measure_speed(trainer, rows, args)
+        if args.time_budget:
+            plans["at the start"] = plan_budget(
+                budget_request(args, time.perf_counter() - started, 0 if cached else len(rows)),
+                speed,
+            )
+            print(f"budget plan at the start: {plans['at the start'].describe()}")
+            rows = rows[: plans["at the start"].warmup_games] if not cached else rows
+        warm_up(trainer, rows, args)
+        if trainer.warmup_cached_from is None and "warm-up" in trainer.stages.records:
+            measured = trainer.stages.records["warm-up"].seconds / len(rows)
+            speed = Speeds.from_warmup(measured, EVAL_RATIO, step_ratio(args))
+    if args.time_budget and args.warmup_games:  # no warm-up, no speed probe: --eval-games
+        plans["after the warm-up"] = plan_budget(
+            budget_request(args, time.perf_counter() - started, 0), speed
+        )
+        print(f"budget plan after the warm-up: {plans['after the warm-up'].describe()}")
+        eval_rows = eval_rows[: plans["after the warm-up"].eval_games]
+    before = evaluate(trainer, "before", eval_rows)
     if args.time_budget:
         apply_budget(trainer, args.time_budget, time.perf_counter() - started)
+    grpo_started = time.perf_counter()
     trainer.train()
+    grpo_seconds = time.perf_counter() - grpo_started
     print(f"GRPO: {trainer.step} steps ({trainer.stopped_by})")
-    after = evaluate(trainer, "after")
+    after = evaluate(trainer, "after", eval_rows)
     finish(trainer, before, after)
+    if plans:
+        print("\n" + budget_summary(plans, trainer, grpo_seconds, time.perf_counter() - started))
+
+
+def datasets(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[dict]]:
+    """The run's rows: GRPO's (2000 from the training split, drawn by --seed), the warm-up's
+    demonstrations (--warmup-games from the training split, by --warmup-seed) and the held-out
+    evaluation's (--eval-games from the test split, by --seed + 1): no held-out answer is
+    ever a warm-up or GRPO answer (tests/test_wordle_budget.py checks)."""
+    spec = toolgym.spec("Wordle-v0")
+    return (
+        [dict(r) for r in spec.dataset(2000, seed=args.seed, split="train")],
+        [dict(r) for r in spec.dataset(args.warmup_games, seed=args.warmup_seed, split="train")],
+        [dict(r) for r in spec.dataset(args.eval_games, seed=args.seed + 1, split="test")],
+    )
+
+
+# Seconds per held-out game (one mode, vLLM) and per GRPO step of 2 x 4 episodes, as multiples
+# of a warm-up game's seconds: 0.42 and 16.7 on the AVX-512 Xeon, 0.45 and 17.1 on the AVX2-only
+# EPYC (docs/training.md), whose warm-up speeds differ 2.15 times.
+EVAL_RATIO, STEP_RATIO = 0.43, 17.0
+
+
+def step_ratio(args: argparse.Namespace) -> float:
+    """A GRPO step's seconds per warm-up game's, scaled by the episodes per step (2 x 4)."""
+    return STEP_RATIO * args.prompts_per_step * args.num_generations / 8
+
+
+def budget_request(args: argparse.Namespace, spent: float, warmup_games: int) -> BudgetRequest:
+    """The example's request: up to --warmup-games and --eval-games, GRPO's --grpo-share."""
+    return BudgetRequest(
+        budget=args.time_budget,
+        spent=spent,
+        warmup_games=warmup_games,
+        eval_games=args.eval_games,
+        grpo_share=args.grpo_share,
+    )
+
+
+def sft_config(args: argparse.Namespace) -> SFTConfig:
+    """The warm-up's settings (part of the warm-up cache's key)."""
+    return SFTConfig(learning_rate=1e-4, batch_size=8, micro_batch_size=2, bf16=args.bf16)
+
+
+def measure_speed(
+    trainer: GRPOTrainer, rows: list[dict], args: argparse.Namespace
+) -> tuple[Speeds, bool]:
+    """This machine's speed, and whether the warm-up of `rows` is in the cache.
+
+    One forward and backward pass over two of the demonstrations (one warm-up micro-batch;
+    the gradients are dropped, the weights do not change) gives the seconds per training
+    token; a warm-up game costs the demonstrations' mean tokens at that rate. Evaluation and
+    GRPO steps are estimated from it with the ratios measured on two CPUs (`EVAL_RATIO`,
+    `STEP_RATIO`); the actual warm-up, evaluation and step times replace the estimates as
+    they are measured."""
+    demos = trainer.sampler.demonstrations(rows)
+    config = sft_config(args)
+    cache = None if args.no_cache else default_cache_dir()
+    policy = trainer.learner.policy
+    cached = cache is not None and (cache / "warmup" / warmup_key(policy, demos, config)).is_dir()
+    samples = training_samples(demos[:2])
+    batch = collate(samples, trainer.learner.pad_id).to(next(policy.parameters()).device)
+    was_training = policy.training
+    policy.train()
+    begun = time.perf_counter()
+    with torch.autocast(batch.input_ids.device.type, dtype=torch.bfloat16, enabled=args.bf16):
+        logprobs = token_logprobs(policy, batch.input_ids, batch.attention_mask)
+    (logprobs * batch.loss_mask[:, 1:]).sum().backward()
+    per_token = (time.perf_counter() - begun) / sum(sample.length for sample in samples)
+    policy.zero_grad(set_to_none=True)
+    policy.train(was_training)
+    tokens = statistics.fmean(sum(s.length for s in training_samples([d])) for d in demos)
+    speed = Speeds.from_warmup(per_token * tokens, EVAL_RATIO, step_ratio(args))
+    print(
+        f"speed probe: {per_token * 1000:.2f} ms per training token, {speed.warmup_game:.2f} s "
+        f"per warm-up game (estimated: {speed.eval_game:.2f} s per evaluation game, "
+        f"{speed.grpo_step:.0f} s per GRPO step); warm-up of {len(rows)} games "
+        f"{'in' if cached else 'not in'} the cache"
+    )
+    return speed, cached
+
+
+def budget_summary(
+    plans: dict[str, BudgetPlan], trainer: GRPOTrainer, grpo: float, total: float
+) -> str:
+    """How the budget was split: the plans (with their reasons) and the actual seconds."""
+    records = trainer.stages.records
+
+    def seconds(*names: str) -> float:
+        return sum(records[name].seconds for name in names if name in records)
+
+    warmup = seconds("demonstrations", "warm-up", "warm-up cache")
+    evaluation = seconds("evaluation")
+    actual = {
+        "warm-up": warmup,
+        "evaluation": evaluation,
+        "grpo": grpo,
+        "other": total - warmup - evaluation - grpo,
+    }
+    lines = [f"budget split ({total:.0f} s in all):"]
+    lines += [f"  planned {when}: {plan.describe()}" for when, plan in plans.items()]
+    lines.append(
+        "  actual, share of the run: "
+        + ", ".join(f"{name} {value:.0f} s ({value / total:.0%})" for name, value in actual.items())
+    )
+    return "\n".join(lines)
 
 
 def warm_up(trainer: GRPOTrainer, demos: list[dict], args: argparse.Namespace) -> None:
     """The supervised warm-up on the expert's games, loaded from the cache when an identical
     one ran before."""
-    sft = SFTConfig(learning_rate=1e-4, batch_size=8, micro_batch_size=2, bf16=args.bf16)
-    losses = trainer.warmup(demos, sft, cache_dir=None if args.no_cache else default_cache_dir())
+    losses = trainer.warmup(
+        demos, sft_config(args), cache_dir=None if args.no_cache else default_cache_dir()
+    )
     where = f"loaded from {trainer.warmup_cached_from}" if trainer.warmup_cached_from else "trained"
     print(
         f"warm-up on {len(demos)} expert games{' (bf16)' if args.bf16 else ''}, {where}: "

@@ -72,6 +72,39 @@ def describe(guess: str, pattern: str) -> str:
     return " ".join(f"{g.upper()}({COLOUR_NAMES[p]})" for g, p in zip(guess, pattern, strict=True))
 
 
+def known_letters(history: Sequence[tuple[str, str]]) -> str:
+    """All the feedback so far in one line, e.g. `Known so far: _ R _ _ E; in the word
+    elsewhere: A (not 1, 3), T (not 4); not in the word: C, N, S.` (spots count from 1):
+    greens by position, letters known to be in the answer but not where tried (yellow, or a
+    gray copy beside a coloured one), and letters no guess coloured."""
+    spots = ["_"] * WORD_LENGTH
+    copies: Counter[str] = Counter()  # copies of a letter known to be in the answer
+    not_at: dict[str, set[int]] = {}
+    absent: set[str] = set()
+    for word, pattern in history:
+        coloured = Counter(w for w, p in zip(word, pattern, strict=True) if p != GRAY)
+        for i, (letter, colour) in enumerate(zip(word, pattern, strict=True)):
+            if colour == GREEN:
+                spots[i] = letter
+            elif coloured[letter]:  # yellow, or a gray copy of a letter found elsewhere
+                not_at.setdefault(letter, set()).add(i)
+            else:
+                absent.add(letter)
+        for letter, count in coloured.items():
+            copies[letter] = max(copies[letter], count)
+    elsewhere = [
+        f"{letter.upper()} (not {', '.join(str(i + 1) for i in sorted(not_at.get(letter, ())))})"
+        for letter in sorted(copies)
+        if copies[letter] > spots.count(letter)
+    ]
+    parts = [f"Known so far: {' '.join(c.upper() for c in spots)}"]
+    if elsewhere:
+        parts.append(f"in the word elsewhere: {', '.join(elsewhere)}")
+    if absent:
+        parts.append(f"not in the word: {', '.join(sorted(c.upper() for c in absent))}")
+    return "; ".join(parts) + "."
+
+
 class Wordle(Environment):
     """Wordle with a `guess(word)` tool.
 
@@ -99,6 +132,10 @@ class Wordle(Environment):
         max_turns: Turns (messages with tool calls) before truncation; invalid words use turns,
             not guesses, so this bounds a model that keeps sending bad words.
         guess_reward: The per-guess reward and penalty (0, the default, turns it off).
+        known_letters: Add to each guess's feedback a line with everything known so far
+            (`known_letters()`: greens by position, letters elsewhere and where they are not,
+            letters ruled out), so the colours of earlier turns need not be re-read. Off by
+            default: the plain game.
     """
 
     def __init__(
@@ -107,6 +144,7 @@ class Wordle(Environment):
         shaping: float = 0.0,
         max_turns: int = 12,
         guess_reward: float = 0.0,
+        known_letters: bool = False,
     ) -> None:
         if not 0.0 <= shaping < 1.0:
             raise ValueError(f"shaping must be in [0, 1), got {shaping}")
@@ -119,6 +157,7 @@ class Wordle(Environment):
         self.shaping = shaping
         self.max_turns = max_turns
         self.guess_reward = guess_reward
+        self.known_letters = known_letters
         self.answer = ""
         self.history: list[tuple[str, str]] = []
         self.guess_credit = 0.0
@@ -157,6 +196,8 @@ class Wordle(Environment):
             self.done, self.reward = True, 1.0
             return f"{line}\nCorrect! You found {word.upper()} in {used} guesses."
         self.reward = self._partial_credit() + self.guess_credit
+        if self.known_letters:
+            line = f"{line}\n{known_letters(self.history)}"
         if used >= self.max_guesses:
             self.done = True
             return f"{line}\nOut of guesses. The word was {self.answer.upper()}."

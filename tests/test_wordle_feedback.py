@@ -1,0 +1,99 @@
+"""Wordle's `known_letters` option: a line of everything the feedback so far says."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from toolgym.envs.wordle import (
+    Wordle,
+    WordleExpert,
+    allowed_words,
+    answer_words,
+    feedback,
+    known_letters,
+)
+
+
+def test_known_letters_reads_greens_yellows_and_grays() -> None:
+    history = [(w, feedback(w, "crane")) for w in ("stare", "apple", "carry")]
+    assert known_letters(history) == (
+        "Known so far: C _ A _ E; in the word elsewhere: R (not 3, 4); "
+        "not in the word: L, P, S, T, Y."
+    )
+
+
+def test_a_repeated_letter_counts_its_copies() -> None:
+    """LLAMA: one L found green, a second L known to be elsewhere; E gray in both guesses."""
+    history = [(w, feedback(w, "llama")) for w in ("hello", "label")]
+    line = known_letters(history)
+    assert line.startswith("Known so far: L _ _ _ _;")
+    assert "L (not 3, 4, 5)" in line and "A (not 2)" in line
+    assert line.endswith("not in the word: B, E, H, O.")
+
+
+def _parse(line: str) -> tuple[list[str], dict[str, set[int]], set[str]]:
+    body = line.removeprefix("Known so far: ").removesuffix(".")
+    parts = body.split("; ")
+    spots = parts[0].lower().split(" ")
+    elsewhere: dict[str, set[int]] = {}
+    absent: set[str] = set()
+    for part in parts[1:]:
+        if part.startswith("in the word elsewhere: "):
+            for item in part.removeprefix("in the word elsewhere: ").split("), "):
+                letter, _, positions = item.rstrip(")").partition(" (not ")
+                elsewhere[letter.lower()] = {int(p) - 1 for p in positions.split(", ")}
+        else:
+            absent = {c.lower() for c in part.removeprefix("not in the word: ").split(", ")}
+    return spots, elsewhere, absent
+
+
+def test_the_line_is_true_of_the_answer() -> None:
+    """Over random answers and guesses (random words, then the expert's), everything the line
+    states holds for the answer: it never misleads."""
+    rng, expert = random.Random(0), WordleExpert()
+    words = sorted(allowed_words())
+    for answer in rng.sample(answer_words(), 40):
+        history = [(w, feedback(w, answer)) for w in rng.sample(words, 2)]
+        while len(history) < 5 and history[-1][1] != "GGGGG":
+            word = expert.next_guess(history)
+            history.append((word, feedback(word, answer)))
+            spots, elsewhere, absent = _parse(known_letters(history))
+            assert all(s in ("_", a) for s, a in zip(spots, answer, strict=True))
+            for letter, positions in elsewhere.items():
+                assert answer.count(letter) > spots.count(letter)
+                assert all(answer[i] != letter for i in positions)
+            assert not absent & set(answer)
+
+
+def test_the_option_is_off_by_default_and_adds_the_line_when_on() -> None:
+    plain, helped = Wordle(), Wordle(known_letters=True)
+    for env in (plain, helped):
+        env.reset(answer="crane")
+    assert "Known so far" not in plain.guess("stare")
+    text = helped.guess("stare")
+    assert (
+        text.splitlines()[1] == "Known so far: _ _ A _ E; in the word elsewhere: R (not 4); "
+        "not in the word: S, T."
+    )
+    assert text.endswith("5 guesses left.")
+    assert "Known so far" not in helped.guess("crane")  # a win needs no summary
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_example_never_trains_on_a_held_out_answer(seed: int) -> None:
+    """examples/wordle.py's rows: warm-up and GRPO answers are never evaluation answers."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "examples" / "wordle.py"
+    spec = importlib.util.spec_from_file_location("wordle_example", path)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    args = example.build_parser().parse_args(["--seed", str(seed)])
+    train, warmup, held_out = example.datasets(args)
+    assert len(held_out) == args.eval_games and len(warmup) == args.warmup_games
+    trained = {row["answer"] for row in train + warmup}
+    assert not trained & {row["answer"] for row in held_out}

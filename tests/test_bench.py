@@ -28,6 +28,7 @@ def test_train_step_bench_measures_one_toolgym_update(monkeypatch):
         completion=64,
         repeats=1,
         chunk=32,
+        loss_impl="auto",
     )
     result = train_step.measure(args)
     assert result["seconds"] > 0 and math.isfinite(result["tokens_per_s"])

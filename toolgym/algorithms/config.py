@@ -61,7 +61,8 @@ class GRPOConfig:
     micro-batches (this is the gradient-accumulation knob)."""
     logprob_chunk_size: int = 1024
     """Tokens per chunk when computing logprobs, so full-vocabulary float32 logits are never
-    held for the whole batch."""
+    held for the whole batch (fewer where one chunk's float32 logits would pass 256 MiB: 256
+    tokens for a 262,144-entry vocabulary)."""
     compile_logprobs: bool | None = None
     """Compile the per-chunk output head and log-softmax with `torch.compile` (about 1.3x
     faster update steps on an H100; the first step pays the compilation). None: on when

@@ -30,6 +30,7 @@ from toolgym.algorithms.losses import (
     compile_by_default,
     token_logprobs,
 )
+from toolgym.algorithms.optim import adamw
 from toolgym.algorithms.sft import warmup_sft
 from toolgym.algorithms.stages import StageClock
 from toolgym.algorithms.warmup_cache import cached_warmup
@@ -56,7 +57,7 @@ class Learner:
             model.gradient_checkpointing_enable()
         self.ref_model = frozen_copy(model) if args.beta > 0 else None
         """The policy the KL term anchors to (None without one: `beta` 0)."""
-        optimizer = torch.optim.AdamW(
+        optimizer = adamw(
             [p for p in model.parameters() if p.requires_grad],
             lr=args.learning_rate,
             betas=args.adam_betas,

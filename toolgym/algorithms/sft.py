@@ -26,6 +26,7 @@ from toolgym.agents.trajectory import Trajectory
 from toolgym.algorithms.batch import collate, training_samples
 from toolgym.algorithms.config import SFTConfig
 from toolgym.algorithms.losses import compile_by_default, token_logprobs
+from toolgym.algorithms.optim import adamw
 from toolgym.envs.calls import close_all
 from toolgym.envs.stepping import as_environment
 
@@ -129,7 +130,7 @@ def warmup_sft(
         )
     order = list(range(len(trajectories)))
     steps = config.epochs * -(-len(order) // config.batch_size)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
+    optimizer = adamw(model.parameters(), lr=config.learning_rate)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 - s / max(steps, 1))
     rng, losses = random.Random(config.seed), []
     was_training = model.training

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from test_server_pool import Servers, greedy_on
-from train_step import PRESETS, VOCAB
+from train_step import PRESETS, build_model
 
 TRANSFER = ("--weight-transfer-config", '{"backend": "toolgym-gloo"}')
 
@@ -34,21 +34,12 @@ def model_folder(name: str, preset: str | None, root: Path) -> Path:
         from toolgym.agents.models import resolve_model
 
         return Path(resolve_model(name))
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+    import torch
+    from transformers import AutoTokenizer
 
-    shape = PRESETS[preset]
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=shape["hidden_size"],
-        intermediate_size=shape["intermediate_size"],
-        num_hidden_layers=shape["num_hidden_layers"],
-        num_attention_heads=shape["heads"],
-        num_key_value_heads=shape["kv"],
-        tie_word_embeddings=True,
-        max_position_embeddings=4096,
-    )
+    model = build_model(preset, torch.float32, "cpu")  # the bench's own preset shapes
     folder = root / preset
-    Qwen2ForCausalLM(config).save_pretrained(folder)
+    model.save_pretrained(folder)
     from toolgym.agents.models import resolve_model
 
     AutoTokenizer.from_pretrained(resolve_model("smollm2-135m")).save_pretrained(folder)

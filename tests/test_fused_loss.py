@@ -9,7 +9,6 @@ from itertools import product
 
 import pytest
 import torch
-import transformers
 from accelerate import Accelerator
 
 from toolgym.agents.trajectory import Sample, Trajectory
@@ -17,7 +16,7 @@ from toolgym.algorithms import GRPOConfig, StepNormalizer, policy_loss
 from toolgym.algorithms.fused_loss import fused_policy_loss, resolve_loss_impl
 from toolgym.algorithms.learner import Learner
 from toolgym.algorithms.losses import full_logprobs
-from toolgym.testing import tiny_model, tiny_tokenizer
+from toolgym.testing import tiny_family_model, tiny_model, tiny_tokenizer
 
 LOSS_TYPES = ["grpo", "dapo", "dr_grpo", "bnpo"]
 # The float64 tolerance: the paths add the same terms in another order (measured: at most
@@ -25,28 +24,11 @@ LOSS_TYPES = ["grpo", "dapo", "dr_grpo", "bnpo"]
 RTOL, ATOL = 1e-10, 1e-13
 
 
-def _family(name: str, **extra) -> torch.nn.Module:
-    """A tiny randomly initialised model of a family whose forward transforms the head's
-    output (no download)."""
-    config = getattr(transformers, name)(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        **extra,
-    )
-    torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(config)
-
-
 MODELS = {
     "llama": lambda: tiny_model(tiny_tokenizer(), seed=3),
-    "gemma2-softcap": lambda: _family("Gemma2Config", final_logit_softcapping=0.5),
-    "cohere-logit_scale": lambda: _family("CohereConfig", logit_scale=3.0),
-    "granite-logits_scaling": lambda: _family("GraniteConfig", logits_scaling=0.25),
+    "gemma2-softcap": lambda: tiny_family_model("Gemma2Config", final_logit_softcapping=0.5),
+    "cohere-logit_scale": lambda: tiny_family_model("CohereConfig", logit_scale=3.0),
+    "granite-logits_scaling": lambda: tiny_family_model("GraniteConfig", logits_scaling=0.25),
 }
 
 

@@ -18,7 +18,7 @@ from toolgym.algorithms import (
     token_logprobs,
     training_samples,
 )
-from toolgym.testing import tiny_model, tiny_tokenizer
+from toolgym.testing import tiny_family_model, tiny_model, tiny_tokenizer
 
 
 def test_grpo_advantages_by_hand():
@@ -194,22 +194,6 @@ def _reference_logprobs(model, input_ids):
     return logits.log_softmax(-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
 
 
-def _small(config_class, **extra):
-    """A tiny randomly initialised model of a family (no download)."""
-    config = config_class(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        **extra,
-    )
-    torch.manual_seed(0)
-    return transformers.AutoModelForCausalLM.from_config(config).eval()
-
-
 @pytest.mark.parametrize(
     ("family", "extra"),
     [
@@ -219,7 +203,7 @@ def _small(config_class, **extra):
     ],
 )
 def test_families_that_transform_logits_after_the_head_get_exact_chunked_logprobs(family, extra):
-    model = _small(getattr(transformers, family), **extra)
+    model = tiny_family_model(family, **extra)
     input_ids = torch.randint(0, 64, (2, 24), generator=torch.Generator().manual_seed(1))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no fallback to full logits: the transform is known

@@ -83,3 +83,24 @@ def tiny_model(tokenizer: Any, seed: int = 0, hidden_size: int = 64, layers: int
     )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).eval()
+
+
+def tiny_family_model(config_name: str, **extra: Any) -> Any:
+    """A tiny randomly initialised causal LM of the family whose config class `transformers`
+    names `config_name` (e.g. "Gemma2Config"), with `extra` config fields such as a family's
+    logit transform (`final_logit_softcapping`, `logit_scale`, `logits_scaling`); seeded 0."""
+    import torch
+    import transformers
+
+    config = getattr(transformers, config_name)(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        **extra,
+    )
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()

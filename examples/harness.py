@@ -121,12 +121,12 @@ def main() -> None:
     if args.warmup_games:
         demos = spec.dataset(args.warmup_games, seed=args.warmup_seed, split="train")
         warm_up(trainer, demos, args)
-    before = evaluate(trainer, "before")
+    before = evaluate(trainer, "before", trainer.eval_rows)
     if args.time_budget:
         apply_budget(trainer, args.time_budget, time.perf_counter() - started)
     trainer.train()
     print(f"GRPO: {trainer.step} steps ({trainer.stopped_by}), every episode an openai-client loop")
-    after = evaluate(trainer, "after")
+    after = evaluate(trainer, "after", trainer.eval_rows)
     finish(trainer, before, after)
 
 

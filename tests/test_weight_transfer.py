@@ -55,11 +55,11 @@ def another_policy(model, tokenizer, seed: int) -> dict:
     return state
 
 
-def engine_for(url: str, weight_sync: str, folder):
+def engine_for(url: str, weight_sync: str, folder, probe_interval: float = 0.2):
     from toolgym.agents.engines.server import VLLMServerEngine
 
     return VLLMServerEngine(
-        url, weights_dir=str(folder), weight_sync=weight_sync, probe_interval=0.2,
+        url, weights_dir=str(folder), weight_sync=weight_sync, probe_interval=probe_interval,
         wait_for_server=240,
     )  # fmt: skip
 
@@ -69,8 +69,11 @@ def test_the_transfer_delivers_exactly_what_the_folder_does_and_writes_nothing(s
     first = greedy_on(url, 16)
     other = another_policy(model, tokenizer, seed=11)
     (tmp_path / "transfer").mkdir()
-    by_transfer = engine_for(url, "toolgym-gloo", tmp_path / "transfer")
-    by_folder = engine_for(url, "folder", tmp_path / "folder")
+    # Two engines that each sync the server would each put back their own weights when their
+    # probe finds the other's version on it: here their probes never run (one trainer per
+    # set of servers, as in a run).
+    by_transfer = engine_for(url, "toolgym-gloo", tmp_path / "transfer", probe_interval=3600)
+    by_folder = engine_for(url, "folder", tmp_path / "folder", probe_interval=3600)
     try:
         by_transfer.update_weights(other)
         moved = greedy_on(url, 16)

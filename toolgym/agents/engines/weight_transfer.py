@@ -63,19 +63,24 @@ def open_group(
     master: str, port: int, rank: int, world_size: int, own_address: str, timeout: float
 ) -> tuple[Any, Any]:
     """A gloo process group of its own (not torch's default group), over a TCP store that
-    rank 0 serves on `master:port` (port 0: any free one; read it from the store). Returns
-    (group, store)."""
-    from torch.distributed import PrefixStore, ProcessGroupGloo, TCPStore
+    rank 0 serves on `master:port`. Returns (group, store)."""
+    from torch.distributed import TCPStore
 
     wait = timedelta(seconds=timeout)
     store = TCPStore(
         master, port, world_size, is_master=rank == 0, timeout=wait, wait_for_workers=False
     )
+    return gloo_group(store, rank, world_size, own_address, timeout), store
+
+
+def gloo_group(store: Any, rank: int, world_size: int, own_address: str, timeout: float) -> Any:
+    """A gloo group over `store` (which rank 0 serves), on the interface of `own_address`."""
+    from torch.distributed import PrefixStore, ProcessGroupGloo
+
     options = ProcessGroupGloo._Options()  # type: ignore[attr-defined]
-    options._timeout = wait
+    options._timeout = timedelta(seconds=timeout)
     options._devices = [ProcessGroupGloo.create_device(hostname=own_address)]
-    group = ProcessGroupGloo(PrefixStore(_PREFIX, store), rank, world_size, options)
-    return group, store
+    return ProcessGroupGloo(PrefixStore(_PREFIX, store), rank, world_size, options)
 
 
 def broadcast(group: Any, tensor: torch.Tensor) -> None:
@@ -239,7 +244,13 @@ class GlooTrainerWeightTransferEngine(_TrainerEngineBase):  # type: ignore[misc,
 
         def join() -> None:
             try:
-                opened["group"] = _group_on(listening, init_info)
+                opened["group"] = gloo_group(
+                    listening,
+                    0,
+                    init_info.world_size,
+                    init_info.master_address,
+                    init_info.timeout,
+                )
             except Exception as error:  # reported below
                 opened["error"] = error
 
@@ -282,16 +293,6 @@ class GlooTrainerWeightTransferEngine(_TrainerEngineBase):  # type: ignore[misc,
     def shutdown(self) -> None:
         """Leave the group."""
         self.group = self.store = None
-
-
-def _group_on(store: Any, init_info: GlooTrainerInitInfo) -> Any:
-    """Rank 0's gloo group over the store it already serves."""
-    from torch.distributed import PrefixStore, ProcessGroupGloo
-
-    options = ProcessGroupGloo._Options()  # type: ignore[attr-defined]
-    options._timeout = timedelta(seconds=init_info.timeout)
-    options._devices = [ProcessGroupGloo.create_device(hostname=init_info.master_address)]
-    return ProcessGroupGloo(PrefixStore(_PREFIX, store), 0, init_info.world_size, options)
 
 
 def _weight_source_base() -> Any:

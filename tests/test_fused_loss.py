@@ -133,7 +133,8 @@ def test_a_hooked_head_takes_autograd_through_the_module_and_matches():
     loss, _, grads = _loss_and_grads(model, data, True, True, **settings)
     used = len(calls)
     ref_loss, _, ref_grads = _loss_and_grads(model, data, False, True, **settings)
-    assert used >= 10  # one call per chunk (and the one-time check): the module ran
+    chunks = -(-int((data["mask"] != 0).sum()) // 7)  # the positions the loss reads, by 7
+    assert used >= chunks  # one call per chunk (besides the one-time check): the module ran
     assert torch.allclose(loss, ref_loss, rtol=RTOL, atol=ATOL)
     assert all(torch.allclose(grads[n], ref_grads[n], rtol=RTOL, atol=ATOL) for n in grads)
 

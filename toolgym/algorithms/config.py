@@ -74,6 +74,11 @@ class GRPOConfig:
     logits); "chunked" computes logprobs by checkpointed chunks, then the loss; "full" holds
     the whole batch's logits (the reference). "auto": "fused" (each path falls back to full
     logits for a model whose logits the chunked head does not reproduce)."""
+    share_prefix: bool = True
+    """Compute a micro-batch's common prompt prefix once, not once per row: the prefix runs
+    as a batch of one and the rows attend to its keys and values, with gradients through them
+    (`toolgym.algorithms.prefix_sharing`; the same loss and gradients up to rounding). Models
+    whose cache is not plain full attention (sliding windows) run the plain pass."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
     bf16: bool = False

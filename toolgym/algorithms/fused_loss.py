@@ -232,6 +232,7 @@ def fused_policy_loss(
     chunk_size: int = 1024,
     temperature: float = 1.0,
     compiled: bool = False,
+    share_prefix: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """`policy_loss(token_logprobs(model, ...), ...)`, fused per chunk (see the module).
 
@@ -241,7 +242,7 @@ def fused_policy_loss(
         old_logprobs: (B, L-1) before the update; None: this pass's own, detached (one pass).
         advantages, mask, normalizer and the keywords up to `episode_tokens`: as for
             `policy_loss` (`mask` and the per-token tensors cover positions 1..L-1).
-        chunk_size, temperature, compiled: as for `token_logprobs`.
+        chunk_size, temperature, compiled, share_prefix: as for `token_logprobs`.
 
     Returns the loss and `policy_loss`'s statistics. A model whose logits the head applied by
     chunks does not reproduce (`chunked_logprobs_match`) gets the full-logits path instead.
@@ -265,6 +266,7 @@ def fused_policy_loss(
     logprobs, loss = _fused(
         model, input_ids, attention_mask, mask, normalizer, episode_tokens, per_token,
         replace(settings, transform=LogitTransform.of(model)), chunk_size, compiled,
+        share_prefix,
     )  # fmt: skip
     # the figures for the logs, from the same logprobs (no gradient, (B, T) only)
     old = logprobs if old_logprobs is None else old_logprobs
@@ -284,11 +286,12 @@ def _fused(
     settings: LossSettings,
     chunk_size: int,
     compiled: bool,
+    share_prefix: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The model's hidden states through `_FusedHeadLoss`: ((B, L-1) logprobs, the loss)."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
-    head, hidden = captured_hidden(model, input_ids, attention_mask)
+    head, hidden = captured_hidden(model, input_ids, attention_mask, share_prefix)
     hidden = hidden[:, :-1]
     batch, length, width = hidden.shape
     # the weights in the logits' precision (float32 or wider), in which `aggregate` divides
@@ -297,16 +300,23 @@ def _fused(
         mask.to(precision), normalizer, settings.loss_type, episode_tokens
     )
     per_token = per_token | dict(targets=input_ids[:, 1:], weights=weights)
+    # only the positions the loss reads (sampled tokens) go through the head: prompt,
+    # observation and padding positions have weight 0, their logits would change nothing
+    kept = mask.reshape(-1).nonzero().squeeze(1)
+    if kept.numel() == 0:  # nothing enters the loss: one position keeps every gradient defined
+        kept = kept.new_zeros(1)
     named = list(head.named_parameters())
     plan = _Plan(
         head=head,
         names=[n for n, _ in named],
-        per_token={k: None if v is None else v.reshape(-1) for k, v in per_token.items()},
+        per_token={k: None if v is None else v.reshape(-1)[kept] for k, v in per_token.items()},
         settings=settings,
         chunk_size=chunk_size,
         compiled=compiled,
     )
-    loss, logprobs = _FusedHeadLoss.apply(hidden.reshape(-1, width), plan, *(p for _, p in named))
+    positions = hidden.reshape(-1, width).index_select(0, kept)
+    loss, found = _FusedHeadLoss.apply(positions, plan, *(p for _, p in named))
+    logprobs = found.new_zeros(batch * length).index_copy_(0, kept, found)  # 0 where unread
     return logprobs.view(batch, length), loss
 
 
@@ -319,9 +329,11 @@ def learner_loss(
     chunk_size: int,
     temperature: float,
     compiled: bool,
+    share_prefix: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """One micro-batch's loss as `impl` ("fused", "chunked" or "full") computes it, for the
-    learner; `settings` are `policy_loss`'s keywords."""
+    learner; `settings` are `policy_loss`'s keywords; `share_prefix` as for `token_logprobs`
+    (the "full" path holds whole logits and never shares)."""
     if impl == "fused":
         return fused_policy_loss(
             model,
@@ -331,11 +343,12 @@ def learner_loss(
             chunk_size=chunk_size,
             temperature=temperature,
             compiled=compiled,
+            share_prefix=share_prefix,
             **settings,
         )
     if impl == "chunked":
         args = (batch.input_ids, batch.attention_mask, chunk_size, temperature)
-        logprobs = token_logprobs(model, *args, compiled=compiled)
+        logprobs = token_logprobs(model, *args, compiled=compiled, share_prefix=share_prefix)
     elif impl == "full":
         logprobs = full_logprobs(model, batch.input_ids, batch.attention_mask, temperature)
     else:

@@ -171,6 +171,7 @@ class Learner:
                 args.logprob_chunk_size,
                 args.temperature,
                 compiled=compile_by_default(args.compile_logprobs, batch.input_ids.device),
+                share_prefix=args.share_prefix,
             )
 
     def _micro_step(
@@ -207,6 +208,7 @@ class Learner:
                 args.logprob_chunk_size,
                 args.temperature,
                 compile_by_default(args.compile_logprobs, batch.input_ids.device),
+                args.share_prefix,
             )
         self.accelerator.backward(loss)
         stats["loss"] = loss.item()

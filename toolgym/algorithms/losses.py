@@ -38,6 +38,13 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from toolgym.algorithms.prefix_sharing import (
+    MIN_SHARED_TOKENS,
+    prefix_sharing_works,
+    shared_forward,
+    shared_prefix_length,
+)
+
 
 @dataclass
 class StepNormalizer:
@@ -59,10 +66,13 @@ class _Capture(nn.Module):
     one-column stand-in, so whatever the model's forward does to its logits afterwards
     (soft-capping, scaling) costs nothing and changes nothing here."""
 
-    hidden: torch.Tensor | None = None
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[torch.Tensor] = []
+        """The hidden states of each forward pass, in order."""
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        self.hidden = hidden
+        self.seen.append(hidden)
         return hidden[..., :1]
 
 
@@ -215,6 +225,7 @@ def token_logprobs(
     chunk_size: int = 1024,
     temperature: float = 1.0,
     compiled: bool = False,
+    share_prefix: bool = False,
 ) -> torch.Tensor:
     """Logprob of each token 1..L-1 given the ones before it: shape (B, L-1).
 
@@ -225,10 +236,13 @@ def token_logprobs(
         temperature: Logits are divided by it (the sampling temperature).
         compiled: Run the per-chunk head and log-softmax through `torch.compile` (faster on a
             GPU, where the float32 logits' memory traffic dominates; the first call compiles).
+        share_prefix: Compute the rows' common prefix once (`captured_hidden`).
     """
     if not chunked_logprobs_match(model, input_ids):
         return full_logprobs(model, input_ids, attention_mask, temperature)
-    return _chunked(model, input_ids, attention_mask, chunk_size, temperature, compiled)
+    return _chunked(
+        model, input_ids, attention_mask, chunk_size, temperature, compiled, share_prefix
+    )
 
 
 def full_logprobs(
@@ -243,15 +257,44 @@ def full_logprobs(
 
 
 def captured_hidden(
-    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    share_prefix: bool = False,
 ) -> tuple[nn.Module, torch.Tensor]:
     """The model's output head and the hidden states it would be given, (B, L, width): the
-    forward pass runs with the head swapped for a capture, so no logits are computed."""
+    forward pass runs with the head swapped for a capture, so no logits are computed. With
+    `share_prefix`, the rows' common prefix runs once (`toolgym.algorithms.prefix_sharing`)."""
+    prefix = shared_prefix_length(input_ids, attention_mask) if share_prefix else 0
+    if prefix >= MIN_SHARED_TOKENS:
+        probe = functools.partial(_probe_hidden, model)
+        prefix = prefix if prefix_sharing_works(_unwrap(model), probe) else 0
+    else:
+        prefix = 0
+    return _hidden_states(model, input_ids, attention_mask, prefix)
+
+
+def _hidden_states(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix: int
+) -> tuple[nn.Module, torch.Tensor]:
     with _head_swapped_for_capture(model) as (head, capture):
-        model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    if capture.hidden is None:
+        if prefix:
+            shared_forward(model, _unwrap(model), input_ids, attention_mask, prefix)
+        else:
+            model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    if len(capture.seen) != (2 if prefix else 1):
         raise RuntimeError("the model's forward pass never reached its output head")
-    return head, capture.hidden
+    if not prefix:
+        return head, capture.seen[0]
+    shared, own = capture.seen
+    return head, torch.cat([shared.expand(own.shape[0], -1, -1), own], dim=1)
+
+
+def _probe_hidden(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, share: bool
+) -> torch.Tensor:
+    prefix = shared_prefix_length(input_ids, attention_mask) if share else 0
+    return _hidden_states(model, input_ids, attention_mask, prefix)[1]
 
 
 def _chunked(
@@ -261,10 +304,11 @@ def _chunked(
     chunk_size: int,
     temperature: float,
     compiled: bool,
+    share_prefix: bool = False,
 ) -> torch.Tensor:
     transform = LogitTransform.of(model)
     per_chunk = _compiled_chunk_logprobs() if compiled else _chunk_logprobs
-    head, hidden = captured_hidden(model, input_ids, attention_mask)
+    head, hidden = captured_hidden(model, input_ids, attention_mask, share_prefix)
     hidden = hidden[:, :-1]
     targets = input_ids[:, 1:]
     batch, length, width = hidden.shape

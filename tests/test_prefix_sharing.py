@@ -7,7 +7,8 @@ import warnings
 import pytest
 import torch
 
-from toolgym.algorithms.fused_loss import learner_loss
+from toolgym.algorithms import prefix_sharing
+from toolgym.algorithms.fused_loss import fused_policy_loss, learner_loss
 from toolgym.algorithms.losses import StepNormalizer, captured_hidden
 from toolgym.algorithms.prefix_sharing import shared_prefix_length
 from toolgym.testing import tiny_family_model
@@ -129,9 +130,63 @@ def test_sliding_window_models_run_the_plain_pass_with_one_warning():
     model = tiny_family_model("Gemma2Config").double().train()
     ids, mask = _batch()
     plain = _loss_and_grads(model, ids, mask, "fused", share=False)
-    with pytest.warns(UserWarning, match="common prefix cannot be computed once"):
+    with pytest.warns(UserWarning, match="not plain full attention"):
         shared = _loss_and_grads(model, ids, mask, "fused", share=True)
     assert torch.equal(shared[0], plain[0])
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the answer is kept: no second warning
         _loss_and_grads(model, ids, mask, "fused", share=True)
+
+
+def test_padding_inside_the_common_tokens_is_never_shared():
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1]])  # left padding in row 1
+    assert shared_prefix_length(ids, mask) == 0
+
+
+def test_models_with_dropout_run_the_plain_pass():
+    model = tiny_family_model("LlamaConfig", attention_dropout=0.1).double().train()
+    ids, mask = _batch()
+    with pytest.warns(UserWarning, match="it has dropout"):
+        captured_hidden(model, ids, mask, share_prefix=True)
+
+
+def test_the_probe_catches_gradients_that_do_not_reach_the_prefix(monkeypatch):
+    """A shared pass whose forward is right but whose keys and values are cut from the graph
+    (what a model that detached its cache would do) fails the probe's gradient check."""
+    original = prefix_sharing._PrefixLayer.__init__
+
+    def detached(self, keys, values):
+        original(self, keys.detach(), values.detach())
+
+    monkeypatch.setattr(prefix_sharing._PrefixLayer, "__init__", detached)
+    model = tiny_family_model("LlamaConfig").double().train()
+    ids, mask = _batch()
+    with pytest.warns(UserWarning, match="gradients differ from the plain pass"):
+        captured_hidden(model, ids, mask, share_prefix=True)
+
+
+def test_a_shared_pass_that_fails_in_training_falls_back_to_the_plain_pass(monkeypatch):
+    model = tiny_family_model("LlamaConfig").double().train()
+    ids, mask = _batch()
+    plain = captured_hidden(model, ids, mask)[1]
+    captured_hidden(model, ids, mask, share_prefix=True)  # the probe passes
+
+    def broken(self, key_states, value_states, *args, **kwargs):
+        raise RuntimeError("a cache this model does not understand")
+
+    monkeypatch.setattr(prefix_sharing._PrefixLayer, "update", broken)
+    with pytest.warns(UserWarning, match="the shared pass failed"):
+        hidden = captured_hidden(model, ids, mask, share_prefix=True)[1]
+    assert torch.equal(hidden, plain)
+
+
+def test_a_micro_batch_that_enters_no_loss_has_zero_loss_and_gradients():
+    model = tiny_family_model("LlamaConfig").double().train()
+    ids, mask = _batch()
+    normalizer = StepNormalizer(sequences=3, tokens=1.0, micro_batches=1, max_tokens=30)
+    zeros = torch.zeros(3, 29, dtype=torch.float64)
+    loss, _ = fused_policy_loss(model, ids, mask, None, zeros, zeros, normalizer)
+    loss.backward()
+    assert float(loss.detach()) == 0.0
+    assert all(p.grad is not None and not p.grad.any() for p in model.parameters())

@@ -78,7 +78,8 @@ class GRPOConfig:
     """Compute a micro-batch's common prompt prefix once, not once per row: the prefix runs
     as a batch of one and the rows attend to its keys and values, with gradients through them
     (`toolgym.algorithms.prefix_sharing`; the same loss and gradients up to rounding). Models
-    whose cache is not plain full attention (sliding windows) run the plain pass."""
+    with sliding windows, length-dependent rotary scaling or dropout, FSDP, and any model whose
+    shared pass fails a one-time probe run the plain pass, with a warning."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
     bf16: bool = False

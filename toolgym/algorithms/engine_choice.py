@@ -17,6 +17,7 @@ import torch
 
 from toolgym.agents.engines.base import capabilities
 from toolgym.algorithms.config import GRPOConfig
+from toolgym.algorithms.heap import return_freed_memory
 from toolgym.algorithms.weights import policy_state_dict, save_policy
 
 ENGINES = ("hf", "vllm", "vllm-server")
@@ -93,6 +94,8 @@ def sync_weights(engine: Any, policy: Any, accelerator: Any = None) -> dict[str,
             state = policy_state_dict(policy)
             sent = sum(t.numel() * t.element_size() for t in state.values())
             engine.update_weights(state)
+            del state
+            return_freed_memory()  # the copies made for the engine
     finally:
         if shared:  # even when a sync failed: the others must not wait for the timeout
             accelerator.wait_for_everyone()

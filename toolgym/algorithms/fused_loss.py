@@ -303,7 +303,8 @@ def _fused(
     # only the positions the loss reads (sampled tokens) go through the head: prompt,
     # observation and padding positions have weight 0, their logits would change nothing
     kept = mask.reshape(-1).nonzero().squeeze(1)
-    if kept.numel() == 0:  # nothing enters the loss: one position keeps every gradient defined
+    unread = kept.numel() == 0
+    if unread:  # nothing enters the loss: one position (weight 0) keeps every gradient defined
         kept = kept.new_zeros(1)
     named = list(head.named_parameters())
     plan = _Plan(
@@ -316,7 +317,9 @@ def _fused(
     )
     positions = hidden.reshape(-1, width).index_select(0, kept)
     loss, found = _FusedHeadLoss.apply(positions, plan, *(p for _, p in named))
-    logprobs = found.new_zeros(batch * length).index_copy_(0, kept, found)  # 0 where unread
+    logprobs = found.new_zeros(batch * length)  # 0 where the loss does not read
+    if not unread:
+        logprobs.index_copy_(0, kept, found)
     return logprobs.view(batch, length), loss
 
 

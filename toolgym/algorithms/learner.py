@@ -24,6 +24,7 @@ from toolgym.algorithms.batch import collate, training_samples
 from toolgym.algorithms.checkpoint import load_checkpoint, save_checkpoint, save_random_states
 from toolgym.algorithms.config import GRPOConfig, SFTConfig
 from toolgym.algorithms.fused_loss import learner_loss, resolve_loss_impl
+from toolgym.algorithms.heap import return_freed_memory
 from toolgym.algorithms.launcher_watch import watch_launcher
 from toolgym.algorithms.losses import (
     StepNormalizer,
@@ -99,6 +100,7 @@ class Learner:
         )
         self.policy.eval()
         self.anchor_reference()
+        return_freed_memory()
         return result
 
     # -- the update -------------------------------------------------------------------------
@@ -146,8 +148,11 @@ class Learner:
             totals.update(passed)
         self.scheduler.step()
         self.model.eval()
-        return {k: v / len(batches) / args.num_iterations for k, v in totals.items()} | {
-            k: v / len(batches) for k, v in totals.items() if k.startswith("clip_fraction/")
+        count = len(batches)
+        del batches, old
+        return_freed_memory()  # the step's activations, gradients and logits
+        return {k: v / count / args.num_iterations for k, v in totals.items()} | {
+            k: v / count for k, v in totals.items() if k.startswith("clip_fraction/")
         }
 
     @property

@@ -40,6 +40,7 @@ from torch.utils.checkpoint import checkpoint
 
 from toolgym.algorithms.prefix_sharing import (
     MIN_SHARED_TOKENS,
+    give_up,
     prefix_sharing_works,
     shared_forward,
     shared_prefix_length,
@@ -266,17 +267,21 @@ def captured_hidden(
     forward pass runs with the head swapped for a capture, so no logits are computed. With
     `share_prefix`, the rows' common prefix runs once (`toolgym.algorithms.prefix_sharing`)."""
     prefix = shared_prefix_length(input_ids, attention_mask) if share_prefix else 0
-    if prefix >= MIN_SHARED_TOKENS:
-        probe = functools.partial(_probe_hidden, model)
-        prefix = prefix if prefix_sharing_works(_unwrap(model), probe) else 0
-    else:
-        prefix = 0
-    return _hidden_states(model, input_ids, attention_mask, prefix)
+    inner = _unwrap(model)
+    if prefix >= MIN_SHARED_TOKENS and prefix_sharing_works(
+        inner, functools.partial(_probe_hidden, model)
+    ):
+        try:
+            return _hidden_states(model, input_ids, attention_mask, prefix)
+        except Exception as error:  # nothing was backpropagated yet: the plain pass instead
+            give_up(inner, error)
+    return _hidden_states(model, input_ids, attention_mask, 0)
 
 
 def _hidden_states(
     model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, prefix: int
 ) -> tuple[nn.Module, torch.Tensor]:
+    """`captured_hidden` with the rows' first `prefix` tokens run once (0: the plain pass)."""
     with _head_swapped_for_capture(model) as (head, capture):
         if prefix:
             shared_forward(model, _unwrap(model), input_ids, attention_mask, prefix)

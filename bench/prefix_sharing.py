@@ -10,8 +10,8 @@ micro-batches of 2 (the example's setting before) and 8 (the whole step in one p
 runs in a fresh process (peak memory: growth of the peak resident set over the steps, the
 optimizer's state included).
 
-    python bench/prefix_sharing.py
-    python bench/prefix_sharing.py --micro-batches 2,4,8 --repeats 2
+    python bench/prefix_sharing.py --repeats 2
+    python bench/prefix_sharing.py --micro-batches 4
 
 The last line: `shared/plain speed S at micro-batch M, peak growth P` for the largest
 micro-batch (S: the plain arm's step time over the shared arm's).
@@ -23,7 +23,6 @@ import argparse
 import json
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -94,10 +93,9 @@ def run_arm(args, micro_batch: int, share: bool) -> dict:
     command += ["--share" if share else "--no-share"]
     for name in ("episodes", "prompt", "completion", "repeats"):
         command += [f"--{name}", str(getattr(args, name))]
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        return {"error": done.stderr.strip().splitlines()[-1] if done.stderr else "failed"}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    from train_step import run_json
+
+    return run_json(command)
 
 
 def main() -> None:
@@ -105,7 +103,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=8, help="trajectories per step")
     parser.add_argument("--prompt", type=int, default=268, help="shared prompt tokens")
     parser.add_argument("--completion", type=int, default=452, help="tokens after the prompt")
-    parser.add_argument("--micro-batches", default="2,8", help="micro-batch sizes to run")
+    parser.add_argument("--micro-batches", default="2,4,8", help="micro-batch sizes to run")
     parser.add_argument("--repeats", type=int, default=1, help="timed steps after the first")
     parser.add_argument("--arm", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--micro-batch", type=int, help=argparse.SUPPRESS)

@@ -268,6 +268,12 @@ def run_arm(args, arm: str, completion: int) -> dict:
     command = [sys.executable, __file__, "--arm", arm, "--completion", str(completion)]
     for name in ("preset", "dtype", "device", "batch", "prompt", "repeats", "chunk", "loss_impl"):
         command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    return run_json(command)
+
+
+def run_json(command: list[str]) -> dict:
+    """Run a measuring process that prints its result as JSON on its last line; on failure
+    `{"error": its last line of stderr}`."""
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         return {"error": done.stderr.strip().splitlines()[-1] if done.stderr else "failed"}

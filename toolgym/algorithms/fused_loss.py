@@ -265,8 +265,7 @@ def fused_policy_loss(
     per_token |= dict(old=old_logprobs, ref=ref_logprobs if beta > 0 else None, sampling=sampling)
     logprobs, loss = _fused(
         model, input_ids, attention_mask, mask, normalizer, episode_tokens, per_token,
-        replace(settings, transform=LogitTransform.of(model)), chunk_size, compiled,
-        share_prefix,
+        replace(settings, transform=LogitTransform.of(model)), chunk_size, compiled, share_prefix,
     )  # fmt: skip
     # the figures for the logs, from the same logprobs (no gradient, (B, T) only)
     old = logprobs if old_logprobs is None else old_logprobs

@@ -208,6 +208,7 @@ def give_up(inner: Any, error: Exception) -> None:
 
 
 def warn_plain(inner: Any, reason: str) -> None:
+    """Warn once that `inner` runs the plain pass, and why."""
     warnings.warn(
         f"{type(inner).__name__}: the micro-batch's common prefix is not computed once for "
         f"this model ({reason}); running the plain pass",

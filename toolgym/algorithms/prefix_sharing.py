@@ -234,14 +234,16 @@ def _probe(inner: Any, run: HiddenStates) -> str | None:
     results = []
     was_training = inner.training
     inner.train()  # as in the update: checkpointed layers replay (dropout is ruled out above)
-    with torch.enable_grad():
-        for share in (False, True):
-            hidden = run(ids, mask, share)
-            weights = torch.randn(hidden.shape, generator=generator.manual_seed(1))
-            loss = (hidden.float() * weights.to(device) * mask[..., None]).sum()
-            grads = torch.autograd.grad(loss, params, allow_unused=True) if params else ()
-            results.append((hidden.detach().float(), grads))
-    inner.train(was_training)
+    try:
+        with torch.enable_grad():
+            for share in (False, True):
+                hidden = run(ids, mask, share)
+                weights = torch.randn(hidden.shape, generator=generator.manual_seed(1))
+                loss = (hidden.float() * weights.to(device) * mask[..., None]).sum()
+                grads = torch.autograd.grad(loss, params, allow_unused=True) if params else ()
+                results.append((hidden.detach().float(), grads))
+    finally:  # a probe that raises leaves the model in the mode it found it in
+        inner.train(was_training)
     (plain, plain_grads), (shared, shared_grads) = results
     for row in range(ids.shape[0]):
         real = mask[row].bool()

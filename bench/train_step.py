@@ -45,6 +45,10 @@ PRESETS = {
     "qwen2.5-0.5b": dict(
         hidden_size=896, intermediate_size=4864, num_hidden_layers=24, heads=14, kv=2
     ),
+    # Qwen2.5-1.5B's shape (1.54B parameters, randomly initialised; no download).
+    "qwen2.5-1.5b": dict(
+        hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, heads=12, kv=2
+    ),
     # Qwen3-1.7B's shape (randomly initialised; no download).
     "qwen3-1.7b": dict(
         hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, heads=16, kv=8
@@ -116,18 +120,21 @@ def build_model(preset: str, dtype: torch.dtype, device: str):
         tie_word_embeddings=True,
     )
     torch.manual_seed(0)
-    return Qwen2ForCausalLM(config).to(device=device, dtype=dtype)
+    with torch.device(device):  # initialised where it runs: seconds, not a minute, on a GPU
+        return Qwen2ForCausalLM(config).to(dtype=dtype)
 
 
 def synthetic_batch(
-    batch: int, prompt: int, completion: int, vocab: int = VOCAB
+    batch: int, prompt: int, completion: int, vocab: int = VOCAB, shared_prompt: bool = False
 ) -> dict[str, torch.Tensor]:
-    """Token ids, a completion mask with observation segments, and advantages."""
+    """Token ids, a completion mask with observation segments, and advantages; with
+    `shared_prompt`, every row has the same prompt (one GRPO group)."""
     generator = torch.Generator().manual_seed(1)
     period = MODEL_TOKENS + OBSERVATION_TOKENS
     sampled = (torch.arange(completion) % period < MODEL_TOKENS).float()
+    prompts = torch.randint(0, vocab, (1 if shared_prompt else batch, prompt), generator=generator)
     return {
-        "prompt_ids": torch.randint(0, vocab, (batch, prompt), generator=generator),
+        "prompt_ids": prompts.expand(batch, prompt).clone(),
         "completion_ids": torch.randint(0, vocab, (batch, completion), generator=generator),
         "sampled": sampled.expand(batch, completion).clone(),
         "advantages": torch.randn(batch, generator=generator),
@@ -151,6 +158,8 @@ def toolgym_step(model, data, args) -> callable:
         max_grad_norm=0.0,
         logprob_chunk_size=args.chunk,
         loss_impl=args.loss_impl,
+        share_prefix=False if args.no_share_prefix else None,  # None: the default
+        compile_model={"auto": None, "on": True, "off": False}[args.compile_model],
         progress_bar=False,
     )
     rows = [{"answer": "crane"}]
@@ -223,7 +232,8 @@ def measure(args) -> dict:
     """One arm at one length, in this process: median step seconds and peak memory."""
     dtype = getattr(torch, args.dtype)
     model = build_model(args.preset, dtype, args.device)
-    data = synthetic_batch(args.batch, args.prompt, args.completion, model.config.vocab_size)
+    vocab = model.config.vocab_size
+    data = synthetic_batch(args.batch, args.prompt, args.completion, vocab, args.shared_prompt)
     step = (toolgym_step if args.arm == "toolgym" else trl_step)(model, data, args)
     cuda = args.device == "cuda"
     if cuda:
@@ -268,6 +278,9 @@ def run_arm(args, arm: str, completion: int) -> dict:
     command = [sys.executable, __file__, "--arm", arm, "--completion", str(completion)]
     for name in ("preset", "dtype", "device", "batch", "prompt", "repeats", "chunk", "loss_impl"):
         command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    command += ["--compile-model", args.compile_model]
+    for flag in ("shared_prompt", "no_share_prefix"):
+        command += [f"--{flag.replace('_', '-')}"] if getattr(args, flag) else []
     return run_json(command)
 
 
@@ -276,7 +289,9 @@ def run_json(command: list[str]) -> dict:
     `{"error": its last line of stderr}`."""
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
-        return {"error": done.stderr.strip().splitlines()[-1] if done.stderr else "failed"}
+        lines = done.stderr.strip().splitlines()
+        print("\n".join(lines[-15:]), file=sys.stderr, flush=True)  # the traceback's end
+        return {"error": lines[-1] if lines else f"exit status {done.returncode}"}
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -295,6 +310,15 @@ def main() -> None:
     parser.add_argument(
         "--loss-impl", default="auto", choices=["auto", "fused", "chunked", "full"]
     )  # GRPOConfig.loss_impl of the toolgym arm
+    parser.add_argument(
+        "--compile-model", default="auto", choices=["auto", "on", "off"]
+    )  # GRPOConfig.compile_model of the toolgym arm (auto: on CUDA)
+    parser.add_argument(
+        "--shared-prompt", action="store_true", help="one prompt for every row (a GRPO group)"
+    )
+    parser.add_argument(
+        "--no-share-prefix", action="store_true", help="toolgym: GRPOConfig.share_prefix=False"
+    )
     parser.add_argument("--no-peer", action="store_true", help="toolgym only")
     parser.add_argument("--arm", choices=["toolgym", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--completion", type=int, help=argparse.SUPPRESS)
@@ -308,8 +332,11 @@ def main() -> None:
         gemma3_folder()  # convert once, before the arms time anything
     model = REAL.get(args.preset, f"{args.preset} Qwen2 shape, vocab {VOCAB}")
     print(
-        f"{model}, {args.dtype} on {args.device}, loss_impl {args.loss_impl}, batch "
-        f"{args.batch} x (prompt {args.prompt} + completion), median of {args.repeats}",
+        f"{model}, {args.dtype} on {args.device}, loss_impl {args.loss_impl}, compile_model "
+        f"{args.compile_model}, share_prefix {'off' if args.no_share_prefix else 'auto'}, "
+        f"batch {args.batch} x ({'one shared ' if args.shared_prompt else ''}prompt "
+        f"{args.prompt} + completion), "
+        f"median of {args.repeats}",
         flush=True,
     )
     last = None

@@ -273,8 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--share-prefix",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="compute a micro-batch's common prompt once in the update (GRPOConfig.share_prefix)",
+        default=None,
+        help="compute a micro-batch's common prompt once in the update (GRPOConfig.share_prefix;"
+        " default: on, except on a CUDA device)",
     )
     parser.add_argument(
         "--loss-impl",

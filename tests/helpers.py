@@ -191,3 +191,18 @@ def one_grpo_step(env, rows, output_dir, max_turns=2, max_new_tokens=24, max_tok
     trainer = GRPOTrainer(tiny_model(tokenizer), env, rows, args=args, tokenizer=tokenizer)
     (metrics,) = trainer.train()
     return metrics
+
+
+def float64_norms(model: torch.nn.Module) -> None:
+    """Make the RMS norms compute in the input's precision: transformers' norms cast to float32
+    even in a float64 model, whose rounding (about 1e-7 relative) would otherwise bound the
+    comparison, as it bounds the plain path's own regrouping (rows one by one vs batched)."""
+    for module in model.modules():
+        if type(module).__name__.endswith("RMSNorm"):
+            eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6))
+
+            def forward(x: torch.Tensor, module: torch.nn.Module = module, eps: float = eps):
+                normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+                return module.weight * normed
+
+            module.forward = forward  # type: ignore[method-assign]

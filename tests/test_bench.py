@@ -29,6 +29,9 @@ def test_train_step_bench_measures_one_toolgym_update(monkeypatch):
         repeats=1,
         chunk=32,
         loss_impl="auto",
+        compile_model="off",
+        shared_prompt=True,  # one GRPO group: the update shares the prompt on this CPU
+        no_share_prefix=False,
     )
     result = train_step.measure(args)
     assert result["seconds"] > 0 and math.isfinite(result["tokens_per_s"])

@@ -6,6 +6,7 @@ import warnings
 
 import pytest
 import torch
+from helpers import float64_norms
 
 from toolgym.algorithms import prefix_sharing
 from toolgym.algorithms.fused_loss import fused_policy_loss, learner_loss
@@ -14,21 +15,6 @@ from toolgym.algorithms.prefix_sharing import shared_prefix_length
 from toolgym.testing import tiny_family_model
 
 FAMILIES = ["LlamaConfig", "Qwen2Config", "Qwen3Config"]
-
-
-def _float64_norms(model: torch.nn.Module) -> None:
-    """Make the RMS norms compute in the input's precision: transformers' norms cast to float32
-    even in a float64 model, whose rounding (about 1e-7 relative) would otherwise bound the
-    comparison, as it bounds the plain path's own regrouping (rows one by one vs batched)."""
-    for module in model.modules():
-        if type(module).__name__.endswith("RMSNorm"):
-            eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6))
-
-            def forward(x: torch.Tensor, module: torch.nn.Module = module, eps: float = eps):
-                normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-                return module.weight * normed
-
-            module.forward = forward  # type: ignore[method-assign]
 
 
 def _batch(prefix: int = 14) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,7 +60,7 @@ def _loss_and_grads(model, ids, mask, impl: str, share: bool, old=None):
 @pytest.mark.parametrize("checkpointing", [False, True])
 def test_shared_prefix_gives_the_plain_loss_and_gradients(family, impl, checkpointing):
     model = tiny_family_model(family).double().train()
-    _float64_norms(model)
+    float64_norms(model)
     if checkpointing:
         model.gradient_checkpointing_enable()
     ids, mask = _batch()
@@ -190,3 +176,14 @@ def test_a_micro_batch_that_enters_no_loss_has_zero_loss_and_gradients():
     loss.backward()
     assert float(loss.detach()) == 0.0
     assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
+
+
+def test_sharing_is_on_by_default_except_on_cuda():
+    """`share_prefix=None`: on CPUs (where it measured faster), off on CUDA (where the rows'
+    explicit mask measured slower than the plain pass's fused causal attention)."""
+    from toolgym.algorithms.prefix_sharing import share_prefix_by_default
+
+    assert share_prefix_by_default(None, torch.device("cpu")) is True
+    assert share_prefix_by_default(None, torch.device("cuda")) is False
+    assert share_prefix_by_default(True, torch.device("cuda")) is True
+    assert share_prefix_by_default(False, torch.device("cpu")) is False

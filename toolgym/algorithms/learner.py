@@ -22,6 +22,7 @@ from transformers import get_scheduler
 from toolgym.agents.trajectory import Trajectory
 from toolgym.algorithms.batch import collate, training_samples
 from toolgym.algorithms.checkpoint import load_checkpoint, save_checkpoint, save_random_states
+from toolgym.algorithms.compiled_layers import compile_model_by_default, compiled_layers
 from toolgym.algorithms.config import GRPOConfig, SFTConfig
 from toolgym.algorithms.fused_loss import learner_loss, resolve_loss_impl
 from toolgym.algorithms.heap import return_freed_memory
@@ -32,6 +33,7 @@ from toolgym.algorithms.losses import (
     token_logprobs,
 )
 from toolgym.algorithms.optim import adamw
+from toolgym.algorithms.prefix_sharing import share_prefix_by_default
 from toolgym.algorithms.sft import warmup_sft
 from toolgym.algorithms.stages import StageClock
 from toolgym.algorithms.warmup_cache import cached_warmup
@@ -129,6 +131,22 @@ class Learner:
             micro_batches=len(batches) * self.accelerator.num_processes,
             max_tokens=args.limits.max_episode_tokens,
         )
+        device = self.accelerator.device
+        with compiled_layers(self.policy, compile_model_by_default(args.compile_model, device)):
+            totals = self._passes(batches, normalizer)
+        self.scheduler.step()
+        self.model.eval()
+        count = len(batches)
+        del batches
+        return_freed_memory()  # the step's activations, gradients and logits
+        return {k: v / count / args.num_iterations for k, v in totals.items()} | {
+            k: v / count for k, v in totals.items() if k.startswith("clip_fraction/")
+        }
+
+    def _passes(self, batches: list[Any], normalizer: StepNormalizer) -> Counter[str]:
+        """`num_iterations` passes over the micro-batches, an optimizer step after each;
+        returns the loss's figures summed over micro-batches and passes."""
+        args = self.args
         old = self._old_logprobs(batches) if args.num_iterations > 1 else [None] * len(batches)
         self.model.train()
         totals: Counter[str] = Counter()
@@ -146,14 +164,7 @@ class Learner:
             if args.num_iterations > 1:
                 passed[f"clip_fraction/pass{iteration + 1}"] = passed["clip_fraction"]
             totals.update(passed)
-        self.scheduler.step()
-        self.model.eval()
-        count = len(batches)
-        del batches, old
-        return_freed_memory()  # the step's activations, gradients and logits
-        return {k: v / count / args.num_iterations for k, v in totals.items()} | {
-            k: v / count for k, v in totals.items() if k.startswith("clip_fraction/")
-        }
+        return totals
 
     @property
     def learning_rate(self) -> float:
@@ -176,7 +187,7 @@ class Learner:
                 args.logprob_chunk_size,
                 args.temperature,
                 compiled=compile_by_default(args.compile_logprobs, batch.input_ids.device),
-                share_prefix=args.share_prefix,
+                share_prefix=share_prefix_by_default(args.share_prefix, batch.input_ids.device),
             )
 
     def _micro_step(
@@ -213,7 +224,7 @@ class Learner:
                 args.logprob_chunk_size,
                 args.temperature,
                 compile_by_default(args.compile_logprobs, batch.input_ids.device),
-                args.share_prefix,
+                share_prefix_by_default(args.share_prefix, batch.input_ids.device),
             )
         self.accelerator.backward(loss)
         stats["loss"] = loss.item()

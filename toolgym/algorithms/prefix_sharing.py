@@ -35,6 +35,11 @@ MIN_SHARED_TOKENS = 8
 """A shorter common prefix is not worth a second forward call."""
 
 
+def share_prefix_by_default(setting: bool | None, device: torch.device) -> bool:
+    """`GRPOConfig.share_prefix` resolved: None means on except on CUDA devices."""
+    return device.type != "cuda" if setting is None else setting
+
+
 def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
     """How many leading tokens every row of a batch shares (0 for one row), within the leading
     columns where every row is a real token and short of the last of them, so that every row

@@ -7,6 +7,7 @@ import pytest
 import torch
 from accelerate import Accelerator
 from helpers import float64_norms
+from torch._dynamo.exc import TorchDynamoException
 
 from toolgym.agents.trajectory import Sample, Trajectory
 from toolgym.algorithms import GRPOConfig
@@ -37,6 +38,27 @@ def test_the_layers_run_compiled_only_inside_the_block():
         assert all(layer._compiled_call_impl is not None for layer in layers)
     assert all(layer._compiled_call_impl is None for layer in model.model.layers)
     assert list(model.state_dict()) == keys  # saving and weight sync see the same names
+
+
+def test_a_layer_that_cannot_compile_runs_eager_with_a_warning(monkeypatch):
+    """A compilation failure (no compiler, an operation dynamo refuses) is not the end of the
+    run: the layer warns once and runs eager, with the same outputs."""
+    model = tiny_model(tiny_tokenizer()).eval()
+    ids = torch.tensor([[3, 4, 5, 6]])
+    with torch.no_grad():
+        expected = model(ids, use_cache=False).logits
+
+    def failing_compile(function, *args, **kwargs):
+        def run(*a, **k):
+            raise TorchDynamoException("the backend found no C compiler")
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", failing_compile)
+    warned = pytest.warns(UserWarning, match="could not be compiled")
+    with compiled_layers(model), warned, torch.no_grad():
+        got = model(ids, use_cache=False).logits
+    assert torch.equal(got, expected)
 
 
 def _group(tokenizer) -> list[Trajectory]:

@@ -18,11 +18,13 @@ runs eager.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
+from torch._dynamo.exc import TorchDynamoException
 
 _KEPT = "_toolgym_compiled_call"
 """The attribute that keeps a layer's compiled call between updates, with the layer's id."""
@@ -68,11 +70,21 @@ def _without_cache_compiled(layer: nn.Module) -> Any:
     shared passes of `toolgym.algorithms.prefix_sharing`) runs eager: the cache is indexed by
     the layer's number, so each layer would compile a graph of its own, and past
     `torch._dynamo.config.recompile_limit` the rest would run eager anyway."""
-    compiled = torch.compile(layer._call_impl)
+    compiled: Any = torch.compile(layer._call_impl)
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("past_key_values") is not None:
+        nonlocal compiled
+        if compiled is None or kwargs.get("past_key_values") is not None:
             return layer._call_impl(*args, **kwargs)
-        return compiled(*args, **kwargs)
+        try:
+            return compiled(*args, **kwargs)
+        except TorchDynamoException as error:  # no compiler, an unsupported operation, ...
+            warnings.warn(
+                f"compile_model: {type(layer).__name__} could not be compiled, it runs eager "
+                f"from now on ({type(error).__name__}: {str(error).splitlines()[0][:300]})",
+                stacklevel=2,
+            )
+            compiled = None
+            return layer._call_impl(*args, **kwargs)
 
     return call

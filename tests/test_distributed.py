@@ -52,6 +52,11 @@ def test_rewards_are_gathered_and_the_group_baseline_spans_both_processes(tmp_pa
     # update (DDP averaged the gradients).
     assert first["step_reward"] == second["step_reward"] == pytest.approx(sum(rewards) / 4)
     assert first["used_everywhere"] == second["used_everywhere"] == 4
+    # Each reward source's figure is the mean over both processes' rollouts too (not over the
+    # main process's half, as it was: the halves' hashed rewards almost never share a mean).
+    sourced = first["completion_rewards"] + second["completion_rewards"]
+    logged = first["logged_completion_reward"], second["logged_completion_reward"]
+    assert logged[0] == logged[1] == pytest.approx(sum(sourced) / 4)
     assert first["weights"] == pytest.approx(second["weights"], rel=1e-9)
 
 

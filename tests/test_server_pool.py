@@ -485,3 +485,56 @@ def test_a_server_without_a_weight_transfer_config_is_refused_with_how_to_start_
         sync(urls[0])
     assert time.monotonic() - started < 30  # refused at once, not after the group's timeout
     assert greedy_on(urls[0], 4)  # and the server still serves (generation resumed)
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_a_trainer_gives_servers_of_other_weights_its_policy_before_the_first_step(
+    served, tmp_path
+):
+    """Servers started from other weights than the trainer's policy (another checkpoint, a
+    stale run) never play a step: `train()` syncs them first, so the first step's samples
+    carry the policy's own logprobs."""
+    import torch
+
+    from toolgym.algorithms import GRPOConfig, GRPOTrainer
+    from toolgym.algorithms.losses import token_logprobs
+
+    _, urls, tokenizer, model = served
+    policy = tiny_model(tokenizer, seed=3, hidden_size=128)
+    policy.load_state_dict(perturbed(model, tokenizer, seed=7))  # served by no server yet
+    gaps: list[float] = []
+
+    def policy_logprobs(prompts, completions, trajectories, **_) -> list[float]:
+        """Scores nothing; records how far the samples' logprobs are from the policy's."""
+        for trajectory in trajectories:
+            sample = trajectory.samples[0]
+            ids = torch.tensor([sample.prompt_ids + sample.completion_ids])
+            with torch.no_grad():
+                own = token_logprobs(policy, ids, torch.ones_like(ids))[0]
+            start = len(sample.prompt_ids) - 1
+            pairs = zip(sample.loss_mask, sample.logprobs, strict=True)
+            for i, (sampled, logprob) in enumerate(pairs):
+                if sampled:
+                    gaps.append(abs(float(own[start + i]) - logprob))
+        return [0.0] * len(trajectories)
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        engine="vllm-server",
+        vllm_server_url=",".join(urls),
+        max_steps=1,
+        prompts_per_step=1,
+        num_generations=2,
+        limits=AgentLimits(max_turns=1, max_new_tokens=8, max_episode_tokens=1024),
+        progress_bar=False,
+        save_steps=0,
+    )
+    trainer = GRPOTrainer(
+        policy, "Wordle-v0", wordle_rows(2), [policy_logprobs], args, tokenizer=tokenizer
+    )
+    try:
+        trainer.train()
+    finally:
+        trainer.engine.close()
+    assert gaps and max(gaps) < 2e-3, max(gaps)

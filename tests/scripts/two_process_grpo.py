@@ -28,6 +28,11 @@ def completion_reward(prompts, completions, trajectories, **_):
     return [(sum(t.completion_ids) % 101) / 100 for t in trajectories]
 
 
+def half(prompts, completions, trajectories, **_):
+    """A second reward source, so that `rewards/<source>` is logged."""
+    return [0.5] * len(trajectories)
+
+
 class RecordingTrainer(GRPOTrainer):
     """Keeps the advantages each process hands to its update; can hang at a given step."""
 
@@ -46,6 +51,7 @@ class RecordingTrainer(GRPOTrainer):
         def recording_update(trajectories, advantages, used, used_everywhere):
             self.seen = {
                 "rewards": [t.reward for t in trajectories],
+                "completion_rewards": completion_reward(None, None, trajectories),
                 "advantages": advantages.tolist(),
                 "used_everywhere": used_everywhere,
             }
@@ -75,7 +81,7 @@ def main(output: Path, steps: int, resume: str | None, hang_at: int | None) -> N
         tiny_model(tokenizer, seed=3),
         "Wordle-v0",
         rows,
-        reward_funcs=[completion_reward],
+        reward_funcs=[completion_reward, half],
         args=args,
         tokenizer=tokenizer,
     )
@@ -87,6 +93,7 @@ def main(output: Path, steps: int, resume: str | None, hang_at: int | None) -> N
         **trainer.seen,
         "processes": trainer.accelerator.num_processes,
         "step_reward": history[-1]["reward"],
+        "logged_completion_reward": history[-1]["rewards/completion_reward"],
         "step_rewards": {
             str(trainer.step - len(history) + 1 + i): m["reward"] for i, m in enumerate(history)
         },

@@ -27,7 +27,12 @@ from toolgym.agents.engines.logs import engine_logs_to_file, engine_logs_to_term
 from toolgym.agents.trajectory import outcome, save_jsonl, summarize
 from toolgym.algorithms.advantages import group_advantages, trainable
 from toolgym.algorithms.config import GRPOConfig, SFTConfig
-from toolgym.algorithms.engine_choice import check_pipelining, make_engine, sync_weights
+from toolgym.algorithms.engine_choice import (
+    check_pipelining,
+    make_engine,
+    shares_servers,
+    sync_weights,
+)
 from toolgym.algorithms.environments import training_environments
 from toolgym.algorithms.learner import Learner, load_policy
 from toolgym.algorithms.pipeline import pipelined_steps
@@ -36,7 +41,13 @@ from toolgym.algorithms.rewards import (
 )
 from toolgym.algorithms.sampler import Rollouts, Sampler, training_agent
 from toolgym.algorithms.stages import StageClock, StepBudget
-from toolgym.algorithms.tracking import MetricsLog, Progress, plot_rewards, step_metrics
+from toolgym.algorithms.tracking import (
+    MetricsLog,
+    Progress,
+    merged_sources,
+    plot_rewards,
+    step_metrics,
+)
 
 Row = dict[str, Any]
 
@@ -110,7 +121,7 @@ class GRPOTrainer:
             process, self.stages,
         )  # fmt: skip
         self.step, self._last_step_end = 0, 0.0
-        self._engine_version = 0  # the step whose weights the engine samples from
+        self._engine_version, self._synced = 0, False  # the step the engine's weights are of
         self.stopped_by = ""
         """Why the last `train()` ended: "max_steps" or the `max_seconds` budget."""
         self.budget = StepBudget(args.max_seconds, 0)
@@ -125,11 +136,14 @@ class GRPOTrainer:
         every step. Writes the reward plot, `stages.json` and a final checkpoint."""
         if resume_from_checkpoint is not None:
             self.step = self.learner.load(resume_from_checkpoint)
+        unsynced = not self._synced and shares_servers(self.engine)  # servers of other weights
+        if resume_from_checkpoint is not None or unsynced:
             self._sync_engine()
         self.budget = StepBudget(self.args.max_seconds, self.step)
         self.stopped_by = ""
         history = []
-        steps = self._pipelined() if self.args.max_staleness else self._on_policy()
+        on_policy = (self.training_step() for _ in iter(self._next_step_fits, False))
+        steps = self._pipelined() if self.args.max_staleness else on_policy
         # under a time budget the number of steps is not known in advance
         total = None if self.args.max_seconds is not None else self.args.max_steps
         name = type(self).__name__.removesuffix("Trainer")  # GRPO, RLOO
@@ -161,10 +175,6 @@ class GRPOTrainer:
             )
         if args.save_steps and self.step % args.save_steps == 0:
             self.save(self.output_dir / f"checkpoint-{self.step}")
-
-    def _on_policy(self) -> Iterator[dict[str, Any]]:
-        while self._next_step_fits():
-            yield self.training_step()
 
     def _next_step_fits(self) -> bool:
         """Whether the learner starts another step; records in `stopped_by` why not."""
@@ -226,7 +236,8 @@ class GRPOTrainer:
         with self.stages.stage("weight sync"):
             self._sync_engine()
         outcomes = self.learner.gather([outcome(t) for t in trajectories])
-        metrics = step_metrics(everyone, outcomes, rollouts.sources, used, self.args)
+        sources = merged_sources(self.learner.gather([rollouts.sources]))
+        metrics = step_metrics(everyone, outcomes, sources, used, self.args)
         metrics.update(loss_stats | self._sync_figures)  # the sync's seconds and bytes
         metrics.update(
             rollout_seconds=rollouts.seconds,
@@ -339,7 +350,7 @@ class GRPOTrainer:
     def _sync_engine(self) -> None:
         """Give the engine the policy's current weights."""
         self._sync_figures = sync_weights(self.engine, self._unwrapped, self.accelerator)
-        self._engine_version = self.step
+        self._engine_version, self._synced = self.step, True
 
 
 def _route_engine_logs(args: GRPOConfig) -> Path | None:

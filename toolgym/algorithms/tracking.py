@@ -46,6 +46,16 @@ def step_metrics(
     return metrics
 
 
+def merged_sources(per_process: list[dict[str, list[float]]]) -> dict[str, list[float]]:
+    """Every process's reward sources (name: one value per episode), joined in process
+    order, so that `rewards/<source>` is the mean over all of a step's episodes."""
+    merged: dict[str, list[float]] = {}
+    for sources in per_process:
+        for name, values in sources.items():
+            merged.setdefault(name, []).extend(values)
+    return merged
+
+
 def groups_without_signal(rewards: list[float], used: torch.Tensor, size: int) -> int:
     """Groups whose valid members all got the same reward (no gradient from them)."""
     count = 0

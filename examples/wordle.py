@@ -216,6 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="expert demonstrations (the most: see --time-budget)",
     )
     parser.add_argument(
+        "--warmup-epochs", type=int, default=1, help="passes over the demonstrations"
+    )
+    parser.add_argument("--warmup-lr", type=float, default=1e-4, help="the warm-up's learning rate")
+    parser.add_argument(
         "--warmup-seed",
         type=int,
         default=2,
@@ -363,7 +367,7 @@ def main() -> None:
             rows = rows[: plans["at the start"].warmup_games] if not cached else rows
         warm_up(trainer, rows, args)
         if trainer.warmup_cached_from is None and "warm-up" in trainer.stages.records:
-            measured = trainer.stages.records["warm-up"].seconds / len(rows)
+            measured = trainer.stages.records["warm-up"].seconds / len(rows) / args.warmup_epochs
             speed = Speeds.from_warmup(measured, EVAL_RATIO, step_ratio(args))
     if args.time_budget and args.warmup_games:  # no warm-up, no speed probe: --eval-games
         plans["after the warm-up"] = plan_budget(
@@ -415,13 +419,20 @@ def budget_request(args: argparse.Namespace, spent: float, warmup_games: int) ->
         spent=spent,
         warmup_games=warmup_games,
         eval_games=args.eval_games,
+        warmup_epochs=args.warmup_epochs,
         grpo_share=args.grpo_share,
     )
 
 
 def sft_config(args: argparse.Namespace) -> SFTConfig:
     """The warm-up's settings (part of the warm-up cache's key)."""
-    return SFTConfig(learning_rate=1e-4, batch_size=8, micro_batch_size=2, bf16=args.bf16)
+    return SFTConfig(
+        learning_rate=args.warmup_lr,
+        epochs=args.warmup_epochs,
+        batch_size=8,
+        micro_batch_size=2,
+        bf16=args.bf16,
+    )
 
 
 def measure_speed(

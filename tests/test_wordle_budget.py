@@ -58,6 +58,19 @@ def test_sizes_shrink_together_when_the_share_needs_it() -> None:
     assert "shrunk" in plan.reason
 
 
+def test_each_warmup_epoch_costs_a_pass_over_the_games() -> None:
+    """Three passes over the demonstrations cost three times one pass: on the fast machine
+    the default sizes no longer leave GRPO its share, so the warm-up shrinks to its floor
+    (and even that leaves GRPO less, which the reason says)."""
+    one = plan_budget(request(spent=32.0, cached=False), FAST)
+    three = plan_budget(
+        BudgetRequest(BUDGET, 32.0, warmup_games=96, eval_games=32, warmup_epochs=3), FAST
+    )
+    assert three.seconds["warm-up"] == pytest.approx(3 * three.warmup_games * FAST.warmup_game)
+    assert three.warmup_games == 64 < one.warmup_games
+    assert "floors" in three.reason
+
+
 def test_replanning_after_the_warmup_keeps_the_floor_and_the_share() -> None:
     """After a 64-game warm-up on the slow CPU the evaluation is sized again from what is left:
     it never drops below the floor, whatever the share."""

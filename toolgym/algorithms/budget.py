@@ -19,7 +19,7 @@ class Speeds:
     """Seconds per unit of each stage on this machine.
 
     Attributes:
-        warmup_game: Warm-up training per demonstration game.
+        warmup_game: Warm-up training per demonstration game and epoch.
         eval_game: One held-out game in one evaluation pass (one mode, before RL).
         grpo_step: One RL step (rollouts and update).
     """
@@ -54,6 +54,7 @@ class BudgetRequest:
         min_eval_games: The evaluation's floor: with 16 paired games the standard error of the
             change rests on 15 degrees of freedom (its own relative error about 18%).
         warmup_batch: Warm-up games per optimizer step: the warm-up is sized in whole steps.
+        warmup_epochs: Passes over the demonstrations (each costs `Speeds.warmup_game` a game).
         eval_passes: Evaluation passes still to play, in before-RL game times (greedy and
             sampled, before and after: 4, plus a quarter for the after-RL games' greater
             length: 4.5; 2.25 once the first evaluation is done).
@@ -68,6 +69,7 @@ class BudgetRequest:
     min_warmup_games: int = 64
     min_eval_games: int = 16
     warmup_batch: int = 8
+    warmup_epochs: int = 1
     eval_passes: float = 4.5
     reserve: float = 30.0
     grpo_share: float = 0.6
@@ -129,7 +131,8 @@ def plan_budget(request: BudgetRequest, speeds: Speeds) -> BudgetPlan:
     target = r.grpo_share * r.budget
 
     def cost(warmup: int, evaluation: int) -> float:
-        return warmup * speeds.warmup_game + evaluation * r.eval_passes * speeds.eval_game
+        warmup_cost = warmup * r.warmup_epochs * speeds.warmup_game
+        return warmup_cost + evaluation * r.eval_passes * speeds.eval_game
 
     floor_w = min(r.warmup_games, r.min_warmup_games)
     floor_e = min(r.eval_games, r.min_eval_games)
@@ -158,7 +161,7 @@ def plan_budget(request: BudgetRequest, speeds: Speeds) -> BudgetPlan:
                 f"mode) leave GRPO less than {r.grpo_share:.0%} of the budget at this "
                 "machine's speed"
             )
-    warmup_seconds = warmup * speeds.warmup_game
+    warmup_seconds = warmup * r.warmup_epochs * speeds.warmup_game
     eval_seconds = evaluation * r.eval_passes * speeds.eval_game
     grpo = max(free - warmup_seconds - eval_seconds, 0.0)
     seconds = {

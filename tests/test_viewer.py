@@ -713,6 +713,35 @@ def test_ten_thousand_episodes_stay_responsive(browser, tmp_path):
     assert indexed < 60 and load_ms < 5000 and not browser.errors
 
 
+def test_step_rewards_are_marked_on_the_sample_they_belong_to(browser, tmp_path):
+    """A chat episode trained one sample per turn shows its last sample's tokens: only that
+    sample's step rewards are marked, after the token that ends each step."""
+    first, last = Sample([1, 2, 3]), Sample([1, 2, 3, 4, 5])
+    first.append([10, 11, 12, 13], sampled=True, logprobs=[-0.5] * 4)
+    last.append([20, 21, 22], sampled=True, logprobs=[-0.5] * 3)
+    last.append([30, 31], sampled=False)
+    last.append([40, 41, 42], sampled=True, logprobs=[-0.5] * 3)
+    steps = [
+        {"sample": 0, "start": 0, "end": 4, "reward": 0.25, "in_reward": 1},
+        {"sample": 1, "start": 0, "end": 3, "reward": -0.5, "in_reward": 1},
+        {"sample": 1, "start": 5, "end": 8, "reward": 0.75, "in_reward": 1},
+    ]
+    path = tmp_path / "samples.jsonl"
+    save_jsonl([Trajectory([first, last], reward=1.0, step_rewards=steps)], path)
+    with start(path) as viewer:
+        browser.goto(viewer.url, ready=READY)
+        open_view(browser, "#episode=samples.jsonl:0", "episode=samples.jsonl:0")
+        marks = js(
+            browser,
+            "[...document.querySelectorAll('#tokens > *')].flatMap((e, i, all) =>"
+            " e.classList.contains('step-reward') ? [[all.slice(0, i).filter(t =>"
+            " t.classList.contains('tok')).length, e.textContent]] : [])",
+        )
+    # after the 3rd and the 8th completion token of the last sample; not sample 0's at 4
+    assert [position for position, _ in marks] == [3, 8], marks
+    assert not browser.errors
+
+
 # -- hostile text, huge curves, a slow tokenizer ---------------------------------------------------
 HOSTILE = '<img src=x onerror="window.__xss=1"> <script>window.__xss=1</script>'
 LOGGED_STEPS = 150_000  # past what Math.min(...values) can spread

@@ -602,7 +602,11 @@ function toolCall(call) {
 // -- the token view -----------------------------------------------------------------------------
 function renderTokens(answer, episode) {
   const tokens = answer.completion_tokens;
-  const stepEnds = new Map((episode.step_rewards || []).map((s) => [s.end, s.reward]));
+  // only the shown sample's steps: a chat episode's steps name their sample; an inline
+  // episode's (no `sample`) are on its last, the one shown
+  const shown = answer.samples - 1;
+  const steps = (episode.step_rewards || []).filter((s) => s.sample === undefined || s.sample === shown);
+  const stepEnds = new Map(steps.map((s) => [s.end, s.reward]));
   const spans = [];
   tokens.forEach((token, position) => {
     spans.push(tokenSpan(token, position));

@@ -3,6 +3,8 @@ CUDA default), run here through torch.compile on the CPU."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from accelerate import Accelerator
@@ -38,6 +40,16 @@ def test_the_layers_run_compiled_only_inside_the_block():
         assert all(layer._compiled_call_impl is not None for layer in layers)
     assert all(layer._compiled_call_impl is None for layer in model.model.layers)
     assert list(model.state_dict()) == keys  # saving and weight sync see the same names
+
+
+def test_a_model_without_named_layers_warns_once_and_runs_uncompiled():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    with pytest.warns(UserWarning, match="names no decoder layers"), compiled_layers(model) as got:
+        assert got == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with compiled_layers(model) as got:
+            assert got == []
 
 
 def test_a_layer_that_cannot_compile_runs_eager_with_a_warning(monkeypatch):

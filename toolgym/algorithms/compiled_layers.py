@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,6 +29,8 @@ from torch._dynamo.exc import TorchDynamoException
 
 _KEPT = "_toolgym_compiled_call"
 """The attribute that keeps a layer's compiled call between updates, with the layer's id."""
+_WARNED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+"""Models already warned about having no layers to compile."""
 
 
 def compile_model_by_default(setting: bool | None, device: torch.device) -> bool:
@@ -51,7 +54,15 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 def compiled_layers(model: nn.Module, enabled: bool = True) -> Iterator[list[nn.Module]]:
     """Within the block, `model`'s decoder layers run compiled; yields the layers compiled
     (none where `enabled` is false, or where a layer already runs compiled)."""
-    layers = [m for m in decoder_layers(model) if m._compiled_call_impl is None] if enabled else []
+    found = decoder_layers(model) if enabled else []
+    if enabled and not found and model not in _WARNED:
+        _WARNED.add(model)
+        warnings.warn(
+            f"compile_model: {type(model).__name__} names no decoder layers in "
+            "`_no_split_modules`; the update runs it uncompiled",
+            stacklevel=3,
+        )
+    layers = [m for m in found if m._compiled_call_impl is None]
     for layer in layers:
         owner, call = getattr(layer, _KEPT, (None, None))
         if owner != id(layer):  # none yet, or a deep copy's (of another layer)

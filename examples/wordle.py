@@ -246,6 +246,12 @@ def build_parser() -> argparse.ArgumentParser:
         "without a guess scores 0 (measured 2026-11-25, seed 0: valid guesses 5.29 -> 0)",
     )
     parser.add_argument(
+        "--guess-floor",
+        action="store_true",
+        help="with --guess-reward: a game's per-guess rewards never sum below 0 (penalties only "
+        "take back what its guesses earned), so guessing never scores below not guessing",
+    )
+    parser.add_argument(
         "--known-letters",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -350,6 +356,7 @@ def main() -> None:
         env_kwargs={
             "shaping": args.shaping,
             "guess_reward": args.guess_reward,
+            "guess_floor": args.guess_floor,
             "known_letters": args.known_letters,
         },
     )

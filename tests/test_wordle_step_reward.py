@@ -51,6 +51,17 @@ def test_consistent_guesses_earn_and_repeats_and_refused_words_cost_until_the_wi
     assert env.unwrapped.guess_credit == pytest.approx(-0.1)  # crane fits too: +0.1, in the 1
 
 
+def test_with_the_floor_penalties_only_take_back_what_guesses_earned():
+    env = toolgym.make("Wordle-v0", guess_reward=0.1, guess_floor=True)
+    env.reset(answer="crane")
+    words = ("slate", "slate", "grace", "xyzzy", "slate", "cat", "trace")
+    rewards = step_rewards(env, *words)
+    # slate (0); slate again: nothing earned yet, no penalty; grace fits (+0.1); xyzzy takes
+    # it back (-0.1); slate again and cat: nothing left to take (0); trace ruled out (0)
+    assert rewards == pytest.approx([0.0, 0.0, 0.1, -0.1, 0.0, 0.0, 0.0])
+    assert env.unwrapped.guess_credit == 0.0 and env.get_reward() == 0.0
+
+
 def test_a_lost_game_keeps_its_partial_credit_plus_its_guess_rewards():
     env = toolgym.make("Wordle-v0", shaping=0.5, guess_reward=0.05)
     env.reset(answer="crane")

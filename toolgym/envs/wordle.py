@@ -125,6 +125,8 @@ class Wordle(Environment):
     word the feedback rules out. A game not won ends with its partial credit plus these; a
     won game's reward stays 1 (the win's turn gets what makes it up to 1), and a game not won
     always stays below 1 (`shaping + (max_guesses - 1) * guess_reward < 1` is required).
+    With `guess_floor`, the penalties only take back what the game's guesses earned: the sum
+    of its per-guess rewards never falls below 0, so guessing never scores below not guessing.
 
     Args:
         max_guesses: Valid guesses allowed per game.
@@ -132,6 +134,7 @@ class Wordle(Environment):
         max_turns: Turns (messages with tool calls) before truncation; invalid words use turns,
             not guesses, so this bounds a model that keeps sending bad words.
         guess_reward: The per-guess reward and penalty (0, the default, turns it off).
+        guess_floor: Keep the game's sum of per-guess rewards at 0 or more.
         known_letters: Add to each guess's feedback a line with everything known so far
             (`known_letters()`: greens by position, letters elsewhere and where they are not,
             letters ruled out), so the colours of earlier turns need not be re-read. Off by
@@ -145,6 +148,7 @@ class Wordle(Environment):
         max_turns: int = 12,
         guess_reward: float = 0.0,
         known_letters: bool = False,
+        guess_floor: bool = False,
     ) -> None:
         if not 0.0 <= shaping < 1.0:
             raise ValueError(f"shaping must be in [0, 1), got {shaping}")
@@ -157,6 +161,7 @@ class Wordle(Environment):
         self.shaping = shaping
         self.max_turns = max_turns
         self.guess_reward = guess_reward
+        self.guess_floor = guess_floor
         self.known_letters = known_letters
         self.answer = ""
         self.history: list[tuple[str, str]] = []
@@ -187,7 +192,7 @@ class Wordle(Environment):
         if word not in allowed_words() and word != self.answer:
             self._credit(-self.guess_reward)
             raise ToolError(f"{word!r} is not in the word list; this did not use a guess.")
-        self.guess_credit += self._judge(word)
+        self._add_guess_credit(self._judge(word))
         pattern = feedback(word, self.answer)
         self.history.append((word, pattern))
         used = len(self.history)
@@ -250,8 +255,14 @@ class Wordle(Environment):
     def _credit(self, amount: float) -> None:
         """Add a per-guess reward to the game's reward now (a refused word's penalty)."""
         if amount:
-            self.guess_credit += amount
+            self._add_guess_credit(amount)
             self.reward = self._partial_credit() + self.guess_credit
+
+    def _add_guess_credit(self, amount: float) -> None:
+        """Add to the game's sum of per-guess rewards (held at 0 or more with `guess_floor`)."""
+        self.guess_credit += amount
+        if self.guess_floor:
+            self.guess_credit = max(self.guess_credit, 0.0)
 
     def _partial_credit(self) -> float:
         if self.shaping == 0.0 or not self.history:

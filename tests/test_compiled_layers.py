@@ -14,20 +14,20 @@ from torch._dynamo.exc import TorchDynamoException
 from toolgym.agents.trajectory import Sample, Trajectory
 from toolgym.algorithms import GRPOConfig
 from toolgym.algorithms.compiled_layers import (
-    compile_model_by_default,
     compiled_layers,
     decoder_layers,
 )
 from toolgym.algorithms.learner import Learner
+from toolgym.algorithms.losses import compile_by_default
 from toolgym.testing import tiny_model, tiny_tokenizer
 
 
 def test_the_decoder_layers_are_the_models_repeated_blocks():
     model = tiny_model(tiny_tokenizer())
     assert decoder_layers(model) == list(model.model.layers)
-    assert compile_model_by_default(None, torch.device("cpu")) is False
-    assert compile_model_by_default(None, torch.device("cuda")) is True
-    assert compile_model_by_default(True, torch.device("cpu")) is True
+    assert compile_by_default(None, torch.device("cpu")) is False
+    assert compile_by_default(None, torch.device("cuda")) is True
+    assert compile_by_default(True, torch.device("cpu")) is True
 
 
 def test_the_layers_run_compiled_only_inside_the_block():

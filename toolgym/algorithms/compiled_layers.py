@@ -33,11 +33,6 @@ _WARNED: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 """Models already warned about having no layers to compile."""
 
 
-def compile_model_by_default(setting: bool | None, device: torch.device) -> bool:
-    """`GRPOConfig.compile_model` resolved: None means on for CUDA devices only."""
-    return device.type == "cuda" if setting is None else setting
-
-
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The repeated blocks of a transformers model: modules whose class a `PreTrainedModel`
     in `model` names in `_no_split_modules` (its decoder layers), outermost first."""

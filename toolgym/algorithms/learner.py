@@ -22,7 +22,7 @@ from transformers import get_scheduler
 from toolgym.agents.trajectory import Trajectory
 from toolgym.algorithms.batch import collate, training_samples
 from toolgym.algorithms.checkpoint import load_checkpoint, save_checkpoint, save_random_states
-from toolgym.algorithms.compiled_layers import compile_model_by_default, compiled_layers
+from toolgym.algorithms.compiled_layers import compiled_layers
 from toolgym.algorithms.config import GRPOConfig, SFTConfig
 from toolgym.algorithms.fused_loss import learner_loss, resolve_loss_impl
 from toolgym.algorithms.heap import return_freed_memory
@@ -132,7 +132,7 @@ class Learner:
             max_tokens=args.limits.max_episode_tokens,
         )
         device = self.accelerator.device
-        with compiled_layers(self.policy, compile_model_by_default(args.compile_model, device)):
+        with compiled_layers(self.policy, compile_by_default(args.compile_model, device)):
             totals = self._passes(batches, normalizer)
         self.scheduler.step()
         self.model.eval()

@@ -179,7 +179,7 @@ def chunk_positions(chunk_size: int, head: nn.Module) -> int:
 
 
 def compile_by_default(setting: bool | None, device: torch.device) -> bool:
-    """`compile_logprobs` resolved: None means on for CUDA devices only."""
+    """`compile_logprobs` or `compile_model` resolved: None means on for CUDA devices only."""
     return device.type == "cuda" if setting is None else setting
 
 

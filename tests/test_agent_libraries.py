@@ -346,7 +346,7 @@ def train_one_step(tokenizer, tmp_path, program, **limits):
     )
     (metrics,) = trainer.train()
     episodes = load_jsonl(tmp_path / "samples.jsonl")
-    after = trainer._unwrapped.parameters()
+    after = trainer.learner.policy.parameters()
     changed = any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
     return metrics, episodes, changed
 

@@ -183,16 +183,37 @@ def test_two_machines_split_each_step_and_resume_exactly(babble, model_folder, t
         assert (metrics["reward"], metrics["loss"]) == (steps[step]["reward"], steps[step]["loss"])
 
 
-def test_the_fsdp2_config_stops_every_process_with_the_reason(babble, model_folder, tmp_path):
-    """Without CUDA accelerate does not shard (it would run CPU data parallelism): each
-    process of both machines stops at once with the reason, before loading anything."""
-    output = tmp_path / "run"
-    runs = cluster("multi-node-fsdp2", train_args(babble, model_folder, output, "--max-steps", "1"))
-    for run in runs:
-        assert run.returncode != 0
-        assert "launched with FSDP, but no CUDA device is available" in run.stderr
-    assert not (output / "metrics.jsonl").exists()
-    assert not _ranks_of(output)
+def test_the_fsdp2_config_trains_a_sharded_policy_and_resumes_exactly(
+    babble, model_folder, tmp_path
+):
+    """The shipped FSDP2 file on two simulated machines: the policy sharded over both
+    processes (`toolgym.algorithms.sharding`), two steps with the transformers engine sampling
+    from each process's full replica, checkpoints gathered from both; then step 2 again from
+    the first checkpoint on two fresh launchers: the same weights bit for bit."""
+    whole = tmp_path / "whole"
+    train = train_args(babble, model_folder, whole, "--max-steps", "2")
+    first, second = cluster("multi-node-fsdp2", train)
+    assert first.returncode == second.returncode == 0, first.stderr[-3000:] + second.stderr[-3000:]
+    assert "trained 2 steps" in first.stdout
+    assert "weights agree on 2 processes: yes" in first.stdout
+    steps = steps_of(whole)
+    assert sorted(steps) == [1, 2]
+    assert all(sum(m["statuses"].values()) == 4 for m in steps.values())
+    start, end = load_file(model_folder / "model.safetensors"), weights(whole / "checkpoint-2")
+    assert start.keys() == end.keys()  # full tensors, under the model's own names
+    assert all(start[k].shape == end[k].shape for k in start)
+    assert any(not torch.equal(start[k], end[k]) for k in start)
+    assert not _ranks_of(whole)
+
+    resumed = tmp_path / "resumed"
+    again = train_args(babble, model_folder, resumed, "--max-steps", "2")
+    first, second = cluster("multi-node-fsdp2", [*again, "--resume", str(whole / "checkpoint-1")])
+    assert first.returncode == second.returncode == 0, first.stderr[-3000:] + second.stderr[-3000:]
+    assert "trained 1 steps" in first.stdout or "trained 1 step" in first.stdout
+    got = weights(resumed / "checkpoint-2")
+    assert all(torch.equal(end[k], got[k]) for k in end)
+    assert steps_of(resumed)[2]["loss"] == steps[2]["loss"]
+    assert not _ranks_of(resumed)
 
 
 def test_processes_that_disagree_are_reported(model_folder):

@@ -197,7 +197,7 @@ def test_lora_trains_only_the_adapters_and_saves_them(tokenizer, tmp_path):
     )
     history = trainer.train()
     assert all(math.isfinite(m["loss"]) for m in history)
-    trained = dict(trainer._unwrapped.named_parameters())
+    trained = dict(trainer.learner.policy.named_parameters())
     adapters = {n: p for n, p in trained.items() if "lora_B" in n}
     assert adapters and any(p.abs().sum() > 0 for p in adapters.values())  # B starts at zero
     frozen = {
@@ -245,7 +245,7 @@ def test_bf16_runs_warmup_and_update_under_autocast_and_keeps_float32_weights(to
     (metrics,) = trainer.train()
     assert dtypes[-1] == {torch.bfloat16}  # generation ran without gradients, in float32
     assert math.isfinite(metrics["loss"]) and abs(metrics["is_weight"] - 1) < 0.1
-    trained = dict(trainer._unwrapped.named_parameters())
+    trained = dict(trainer.learner.policy.named_parameters())
     assert all(p.dtype == torch.float32 for p in trained.values())
     assert any(not torch.equal(trained[n].cpu(), before[n]) for n in before)
 

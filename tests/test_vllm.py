@@ -109,7 +109,7 @@ def scored(trainer, prompt: list[int], completion) -> list[float]:
 
     ids = torch.tensor([prompt + list(completion.token_ids)])
     with torch.no_grad():
-        logprobs = token_logprobs(trainer._unwrapped, ids, torch.ones_like(ids))
+        logprobs = token_logprobs(trainer.learner.policy, ids, torch.ones_like(ids))
     return logprobs[0, len(prompt) - 1 :].tolist()
 
 

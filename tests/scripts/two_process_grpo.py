@@ -88,7 +88,7 @@ def main(output: Path, steps: int, resume: str | None, hang_at: int | None) -> N
     trainer.hang_at = hang_at
     history = trainer.train(resume_from_checkpoint=resume)
     rank = trainer.accelerator.process_index
-    weights = sum(float(p.detach().double().sum()) for p in trainer._unwrapped.parameters())
+    weights = sum(float(p.detach().double().sum()) for p in trainer.learner.policy.parameters())
     record = {
         **trainer.seen,
         "processes": trainer.accelerator.num_processes,

@@ -142,3 +142,25 @@ def collate(rows: Sequence[TrainingSample], pad_id: int) -> TokenBatch:
         torch.tensor([row.episode_tokens for row in rows], dtype=torch.float32),
         token_advantages,
     )
+
+
+def idle_batch(batches: Sequence[TokenBatch], pad_id: int, device: torch.device) -> TokenBatch:
+    """A micro-batch that trains on nothing (no token in the loss, advantages 0), for a
+    process with fewer micro-batches than another to pass through the model as often: the
+    first of `batches` emptied, or one row of two padding tokens where there is none."""
+    if batches:
+        ids, attention = batches[0].input_ids, batches[0].attention_mask
+    else:
+        ids = torch.full((1, 2), pad_id, dtype=torch.long, device=device)
+        attention = torch.ones_like(ids)
+    zeros = torch.zeros(ids.shape, dtype=torch.float32, device=device)
+    rows = ids.shape[0]
+    return TokenBatch(
+        input_ids=ids,
+        attention_mask=attention,
+        loss_mask=zeros,
+        sampling_logprobs=zeros,
+        advantages=torch.zeros(rows, device=device),
+        episode_tokens=torch.ones(rows, device=device),
+        token_advantages=zeros,
+    )

@@ -11,6 +11,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from toolgym.algorithms.sharding import is_sharded, load_full_optimizer_state, load_full_weights
+
 
 def save_checkpoint(
     folder: str | Path,
@@ -19,15 +21,20 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: Any,
     step: int,
+    weights: dict[str, torch.Tensor] | None = None,
+    optimizer_state: dict[str, Any] | None = None,
 ) -> Path:
     """Write `folder` with the model (save_pretrained), tokenizer, optimizer, scheduler, this
     process's random states (`rng-0.pt`) and the step. Other processes of a distributed run
-    add their own random states with `save_random_states`."""
+    add their own random states with `save_random_states`. `weights` and `optimizer_state`
+    replace the model's and optimizer's own (a sharded policy's full ones, `sharding`)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(folder)
+    # (a copy: save_pretrained empties the dict it is given)
+    model.save_pretrained(folder, **({} if weights is None else {"state_dict": dict(weights)}))
     tokenizer.save_pretrained(folder)
-    torch.save(optimizer.state_dict(), folder / "optimizer.pt")
+    state = optimizer.state_dict() if optimizer_state is None else optimizer_state
+    torch.save(state, folder / "optimizer.pt")
     torch.save(scheduler.state_dict(), folder / "scheduler.pt")
     save_random_states(folder, 0)
     (folder / "trainer_state.json").write_text(json.dumps({"step": step}))
@@ -67,8 +74,13 @@ def load_checkpoint(
     state: dict[str, torch.Tensor] = {}
     for shard in sorted(folder.glob("*.safetensors")):
         state.update(load_file(shard))
-    _load_weights(model, state)
-    optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
+    optimizer_state = torch.load(folder / "optimizer.pt", weights_only=True)
+    if is_sharded(model):  # full tensors into every process's slices
+        load_full_weights(model, state)
+        load_full_optimizer_state(model, optimizer, optimizer_state)
+    else:
+        _load_weights(model, state)
+        optimizer.load_state_dict(optimizer_state)
     scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
     rng_file = folder / f"rng-{rank}.pt"
     if not rng_file.exists():

@@ -70,9 +70,12 @@ def shares_servers(engine: Any) -> bool:
     return getattr(engine, "pool", None) is not None
 
 
-def sync_weights(engine: Any, policy: Any, accelerator: Any = None) -> dict[str, float]:
+def sync_weights(
+    engine: Any, policy: Any, accelerator: Any = None, weights: dict[str, Any] | None = None
+) -> dict[str, float]:
     """Give `engine` the policy's current weights: the model itself where it samples from it
-    (transformers), else its state dict with any LoRA adapters merged (vLLM).
+    (transformers), else `weights` or the policy's state dict with any LoRA adapters merged
+    (vLLM).
 
     Servers shared by several trainer processes (which hold equal weights after an update)
     are synced once, by the main process, while the others wait at a barrier until every
@@ -91,7 +94,7 @@ def sync_weights(engine: Any, policy: Any, accelerator: Any = None) -> dict[str,
         elif capabilities(engine).update_with == "model":
             engine.update_weights(policy)
         else:
-            state = policy_state_dict(policy)
+            state = policy_state_dict(policy) if weights is None else weights
             sent = sum(t.numel() * t.element_size() for t in state.values())
             engine.update_weights(state)
             del state

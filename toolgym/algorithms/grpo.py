@@ -111,8 +111,9 @@ class GRPOTrainer:
         self.model = self.learner.model  # as accelerate prepared it
         self.output_dir = Path(args.output_dir)
         with self.stages.stage("engine start"):
+            weights_dir, policy = self._path("engine-weights"), self.learner.engine_policy
             self.engine = engine or make_engine(
-                args, self.learner.policy, tokenizer, self._path("engine-weights"), self.eval_rows
+                args, policy, tokenizer, weights_dir, self.eval_rows
             )
         self.agent = training_agent(args, self.engine, tokenizer)
         process = (self.accelerator.process_index, self.accelerator.num_processes)
@@ -335,10 +336,6 @@ class GRPOTrainer:
         with self.stages.stage("checkpoint"):
             return self.learner.save(folder, self.tokenizer, self.step)
 
-    @property
-    def _unwrapped(self) -> Any:
-        return self.learner.policy
-
     def _path(self, name: str) -> Path:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         return self.output_dir / name
@@ -349,7 +346,8 @@ class GRPOTrainer:
 
     def _sync_engine(self) -> None:
         """Give the engine the policy's current weights."""
-        self._sync_figures = sync_weights(self.engine, self._unwrapped, self.accelerator)
+        policy, weights = self.learner.engine_weights()  # a collective under sharding
+        self._sync_figures = sync_weights(self.engine, policy, self.accelerator, weights)
         self._engine_version, self._synced = self.step, True
 
 

@@ -20,7 +20,7 @@ from accelerate.utils import gather_object
 from transformers import get_scheduler
 
 from toolgym.agents.trajectory import Trajectory
-from toolgym.algorithms.batch import collate, training_samples
+from toolgym.algorithms.batch import collate, idle_batch, training_samples
 from toolgym.algorithms.checkpoint import load_checkpoint, save_checkpoint, save_random_states
 from toolgym.algorithms.compiled_layers import compiled_layers
 from toolgym.algorithms.config import GRPOConfig, SFTConfig
@@ -35,6 +35,13 @@ from toolgym.algorithms.losses import (
 from toolgym.algorithms.optim import adamw
 from toolgym.algorithms.prefix_sharing import share_prefix_by_default
 from toolgym.algorithms.sft import warmup_sft
+from toolgym.algorithms.sharding import (
+    fsdp_requested,
+    full_optimizer_state,
+    full_weights,
+    shard_policy,
+    without_aliases,
+)
 from toolgym.algorithms.stages import StageClock
 from toolgym.algorithms.warmup_cache import cached_warmup
 
@@ -60,6 +67,17 @@ class Learner:
             model.gradient_checkpointing_enable()
         self.ref_model = frozen_copy(model) if args.beta > 0 else None
         """The policy the KL term anchors to (None without one: `beta` 0)."""
+        self.sharded = fsdp_requested()
+        """Whether the policy is sharded over the processes (FSDP2, `sharding`)."""
+        self.replica: Any = None
+        """Under sharding, the full copy an in-process engine samples from (synced from the
+        slices by `engine_weights`); None otherwise, or for servers."""
+        if self.sharded:
+            if args.engine != "vllm-server":
+                self.replica = frozen_copy(model).to(accelerator.device)
+            if self.ref_model is not None:
+                self.ref_model.to(accelerator.device)
+            model = shard_policy(model, accelerator.device)
         optimizer = adamw(
             [p for p in model.parameters() if p.requires_grad],
             lr=args.learning_rate,
@@ -69,16 +87,41 @@ class Learner:
         self.scheduler = get_scheduler(
             args.lr_scheduler, optimizer, args.warmup_steps, args.max_steps
         )
-        self.model, self.optimizer = accelerator.prepare(model, optimizer)
+        if self.sharded:  # accelerate would not shard on the CPU (see `sharding`)
+            self.model, self.optimizer = model, optimizer
+        else:
+            self.model, self.optimizer = accelerator.prepare(model, optimizer)
 
     @property
     def policy(self) -> Any:
-        """The model without accelerate's wrapping (what is saved and synced to engines)."""
-        return self.accelerator.unwrap_model(self.model)
+        """The model without accelerate's wrapping (what is saved; sharded under FSDP)."""
+        return self.model if self.sharded else self.accelerator.unwrap_model(self.model)
+
+    @property
+    def engine_policy(self) -> Any:
+        """The model an in-process engine samples from: the policy, or its full replica
+        under sharding (None there for servers)."""
+        return self.replica if self.sharded else self.policy
+
+    def engine_weights(self) -> tuple[Any, dict[str, torch.Tensor] | None]:
+        """What a weight sync hands the engine: (the model it samples from, the full weights
+        or None to take them from that model). Under sharding a collective: the full weights
+        are gathered in every process and the replica is refreshed with them."""
+        if not self.sharded:
+            return self.policy, None
+        state = full_weights(self.model)
+        if self.replica is not None:
+            self.replica.load_state_dict(state)
+        return self.replica, state
 
     def anchor_reference(self) -> None:
-        """Make the KL term's reference the current policy (after a warm-up)."""
-        if self.ref_model is not None:
+        """Make the KL term's reference the current policy (after a warm-up; a collective
+        under sharding)."""
+        if self.ref_model is None:
+            return
+        if self.sharded:
+            self.ref_model.load_state_dict(full_weights(self.model))
+        else:
             self.ref_model = frozen_copy(self.policy)
 
     def warm_up(
@@ -124,47 +167,62 @@ class Learner:
             collate(rows[i : i + size], self.pad_id).to(self.accelerator.device)
             for i in range(0, len(rows), size)
         ]
-        tokens = float(sum(self.gather([sum(float(b.loss_mask[:, 1:].sum()) for b in batches)])))
+        tokens = sum(float(b.loss_mask[:, 1:].sum()) for b in batches)
+        everyone = self.gather([(tokens, len(batches))])
         normalizer = StepNormalizer(
             sequences=used_everywhere,
-            tokens=tokens,
-            micro_batches=len(batches) * self.accelerator.num_processes,
+            tokens=float(sum(t for t, _ in everyone)),
+            micro_batches=sum(n for _, n in everyone),
             max_tokens=args.limits.max_episode_tokens,
+        )
+        count = len(batches)
+        # Every process runs as many forward and backward passes as the busiest one (DDP's
+        # and FSDP's collectives pair up pass by pass); the extra ones train on nothing.
+        batches += [idle_batch(batches, self.pad_id, self.accelerator.device)] * (
+            max(n for _, n in everyone) - count
         )
         device = self.accelerator.device
         with compiled_layers(self.policy, compile_by_default(args.compile_model, device)):
-            totals = self._passes(batches, normalizer)
+            totals = self._passes(batches, count, normalizer)
         self.scheduler.step()
         self.model.eval()
-        count = len(batches)
+        count = max(count, 1)
         del batches
         return_freed_memory()  # the step's activations, gradients and logits
         return {k: v / count / args.num_iterations for k, v in totals.items()} | {
             k: v / count for k, v in totals.items() if k.startswith("clip_fraction/")
         }
 
-    def _passes(self, batches: list[Any], normalizer: StepNormalizer) -> Counter[str]:
-        """`num_iterations` passes over the micro-batches, an optimizer step after each;
-        returns the loss's figures summed over micro-batches and passes."""
+    def _passes(self, batches: list[Any], real: int, normalizer: StepNormalizer) -> Counter[str]:
+        """`num_iterations` passes over the micro-batches (the first `real` of them hold
+        samples, the rest are idle), an optimizer step after each; returns the loss's
+        figures summed over the real micro-batches and passes."""
         args = self.args
         old = self._old_logprobs(batches) if args.num_iterations > 1 else [None] * len(batches)
         self.model.train()
         totals: Counter[str] = Counter()
         for iteration in range(args.num_iterations):
             passed: Counter[str] = Counter()  # figures summed over micro-batches
-            for batch, old_logprobs in zip(batches, old, strict=True):
-                passed.update(self._micro_step(batch, normalizer, old_logprobs))
+            for index, (batch, old_logprobs) in enumerate(zip(batches, old, strict=True)):
+                stats = self._micro_step(batch, normalizer, old_logprobs)
+                if index < real:
+                    passed.update(stats)
             if args.max_grad_norm:
-                grad_norm = self.accelerator.clip_grad_norm_(
-                    self.model.parameters(), args.max_grad_norm
-                )
-                passed["grad_norm"] = float(grad_norm) * len(batches)  # type: ignore[assignment]
+                passed["grad_norm"] = self._clip_gradients() * max(real, 1)  # type: ignore[assignment]
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             if args.num_iterations > 1:
                 passed[f"clip_fraction/pass{iteration + 1}"] = passed["clip_fraction"]
             totals.update(passed)
         return totals
+
+    def _clip_gradients(self) -> float:
+        """Clip the gradients' total norm to `max_grad_norm`; returns the norm before."""
+        parameters, limit = self.model.parameters(), self.args.max_grad_norm
+        if not self.sharded:
+            return float(self.accelerator.clip_grad_norm_(parameters, limit))
+        norm = torch.nn.utils.clip_grad_norm_(parameters, limit)  # a DTensor: one per process
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
     @property
     def learning_rate(self) -> float:
@@ -179,7 +237,8 @@ class Learner:
 
     def _logprobs(self, model: Any, batch: Any) -> torch.Tensor:
         args = self.args
-        with torch.autocast(batch.input_ids.device.type, torch.bfloat16, enabled=args.bf16):
+        autocast = torch.autocast(batch.input_ids.device.type, torch.bfloat16, enabled=args.bf16)
+        with autocast:
             return token_logprobs(
                 model,
                 batch.input_ids,
@@ -214,7 +273,8 @@ class Learner:
             importance_cap=args.importance_sampling_cap if args.importance_sampling else None,
             episode_tokens=batch.episode_tokens,
         )
-        with torch.autocast(batch.input_ids.device.type, torch.bfloat16, enabled=args.bf16):
+        autocast = torch.autocast(batch.input_ids.device.type, torch.bfloat16, enabled=args.bf16)
+        with autocast:
             loss, stats = learner_loss(
                 resolve_loss_impl(args.loss_impl),
                 self.model,
@@ -226,7 +286,9 @@ class Learner:
                 compile_by_default(args.compile_logprobs, batch.input_ids.device),
                 share_prefix_by_default(args.share_prefix, batch.input_ids.device),
             )
-        self.accelerator.backward(loss)
+        # DDP and FSDP average the processes' gradients, and `normalizer` already divides
+        # by counts over every process: scaled back, the step is the same however split.
+        self.accelerator.backward(loss * self.accelerator.num_processes)
         stats["loss"] = loss.item()
         return stats
 
@@ -239,13 +301,18 @@ class Learner:
         """A checkpoint: the main process writes the model, optimizer and schedule; every
         process writes its own random states (each samples with its own seed)."""
         self.accelerator.wait_for_everyone()
+        weights, optimizer_state = None, None
+        if self.sharded:  # collectives: every process gathers, the main one writes
+            weights = without_aliases(self.model, full_weights(self.model))
+            optimizer_state = full_optimizer_state(self.model, self.optimizer)
         if not self.accelerator.is_main_process:
             save_random_states(folder, self.accelerator.process_index)
             self.accelerator.wait_for_everyone()
             return None
         saved = save_checkpoint(
-            folder, self.policy, tokenizer, self.optimizer, self.scheduler, step
-        )
+            folder, self.policy, tokenizer, self.optimizer, self.scheduler, step,
+            weights=weights, optimizer_state=optimizer_state,
+        )  # fmt: skip
         self.accelerator.wait_for_everyone()
         return saved
 

@@ -2,7 +2,7 @@
 
 The accelerate configs toolgym ships (`accelerate_configs/*.yaml`, printed by
 `toolgym accelerate-config NAME` for `accelerate launch --config_file`), the check that
-refuses an FSDP launch toolgym cannot train under yet, and the end-of-run check that every
+refuses FSDP settings toolgym does not honour, and the end-of-run check that every
 process holds the same weights.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 from pathlib import Path
 from typing import Any
 
@@ -57,30 +56,15 @@ def _print_config(args: argparse.Namespace) -> int:
 
 
 def refuse_fsdp() -> None:
-    """Stop a process that `accelerate launch` started with FSDP (a config's
-    `distributed_type: FSDP`, or `--use_fsdp`), before anything is loaded, with the reason.
+    """Stop a process that `accelerate launch` started with FSDP settings toolgym does not
+    honour (FSDP1, parameter offload, accelerate's activation checkpointing), before anything
+    is loaded, with the reason (`toolgym.algorithms.sharding.check_fsdp_launch`)."""
+    from toolgym.algorithms.sharding import ShardingError, check_fsdp_launch
 
-    Without CUDA, accelerate (1.15) does not shard at all: it runs the processes as CPU data
-    parallelism over gloo, so the run would not be what the config says. With CUDA, toolgym's
-    learner does not train a sharded policy yet: its checkpoints and weight syncs read the
-    full weights in the main process alone, and a sharded parameter's full tensor needs every
-    process (docs/cluster.md)."""
-    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true":
-        return
-    import torch
-
-    if not torch.cuda.is_available():
-        raise CLIError(
-            "this process was launched with FSDP, but no CUDA device is available and "
-            "accelerate shards only on GPUs (here it would run plain CPU data parallelism "
-            "over gloo); launch with the multi-node-ddp config instead "
-            "(`toolgym accelerate-config multi-node-ddp`)"
-        )
-    raise CLIError(
-        "this process was launched with FSDP, which toolgym's trainer does not support yet "
-        "(checkpoints and weight syncs gather the full weights in the main process alone); "
-        "launch with the multi-node-ddp config (`toolgym accelerate-config multi-node-ddp`)"
-    )
+    try:
+        check_fsdp_launch()
+    except ShardingError as error:
+        raise CLIError(str(error)) from None
 
 
 def weights_fingerprint(model: Any) -> list[float]:
@@ -88,8 +72,9 @@ def weights_fingerprint(model: Any) -> list[float]:
     processes that hold the same weights get the same list, bit for bit."""
     import torch
 
-    with torch.no_grad():
-        sums = [p.detach().double().sum() for p in model.parameters()]
+    with torch.no_grad():  # a sharded parameter's full tensor is a collective
+        full = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
+        sums = [p.detach().double().sum() for p in full]
         return torch.stack(sums).tolist() if sums else []
 
 

@@ -1,6 +1,6 @@
-"""One `Learner.update` of four scripted trajectories split unevenly over the processes, then
-a checkpoint saved and loaded back; run by tests/test_sharding.py in one process, and in two
-under DDP and under FSDP2 (`accelerate launch`, gloo on the CPU).
+"""A warm-up, then one `Learner.update` of four scripted trajectories split unevenly over the
+processes, then a checkpoint saved and loaded back; run by tests/test_sharding.py in one
+process, and in two under DDP and under FSDP2 (`accelerate launch`, gloo on the CPU).
 
     split_update.py OUTPUT
 
@@ -21,9 +21,10 @@ import torch
 from accelerate import Accelerator
 
 from toolgym.agents.trajectory import Sample, Trajectory
-from toolgym.algorithms import GRPOConfig
+from toolgym.algorithms import GRPOConfig, SFTConfig
 from toolgym.algorithms.learner import Learner
 from toolgym.algorithms.sharding import full_weights
+from toolgym.algorithms.stages import StageClock
 from toolgym.testing import tiny_model, tiny_tokenizer
 
 ADVANTAGES = [0.8, -0.5, -0.3, 0.6]
@@ -73,6 +74,11 @@ def main(output: Path) -> None:
         advantages = torch.tensor([ADVANTAGES[i] for i in mine])
         return learner.update(chosen, advantages, torch.ones(len(mine), dtype=torch.bool), 4)
 
+    # a warm-up first: the same SFT steps in every process (under FSDP2 on the sharded policy,
+    # its gradients averaged), then the KL reference anchored to the warmed weights
+    learner.warm_up(
+        played, SFTConfig(epochs=2, batch_size=2, learning_rate=1e-2), None, StageClock()
+    )
     figures = update()
     first = fingerprint(learner)
     learner.save(output / "checkpoint", tokenizer, step=1)

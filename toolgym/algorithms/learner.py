@@ -303,7 +303,7 @@ class Learner:
         self.accelerator.wait_for_everyone()
         weights, optimizer_state = None, None
         if self.sharded:  # collectives: every process gathers, the main one writes
-            weights = without_aliases(self.model, full_weights(self.model))
+            weights = without_aliases(self.model, full_weights(self.model, main_only=True))
             optimizer_state = full_optimizer_state(self.model, self.optimizer)
         if not self.accelerator.is_main_process:
             save_random_states(folder, self.accelerator.process_index)

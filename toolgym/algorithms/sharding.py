@@ -95,12 +95,14 @@ def is_sharded(model: Any) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def full_weights(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The full weights of a sharded `model` in every process, under the model's own
-    parameter names (a collective: every process must call it)."""
+def full_weights(model: nn.Module, main_only: bool = False) -> dict[str, torch.Tensor]:
+    """The full weights of a sharded `model` under the model's own parameter names, on its
+    device in every process, or with `main_only` in the main process's CPU memory (empty in
+    the others). A collective: every process must call it."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    options = StateDictOptions(full_state_dict=True, cpu_offload=main_only)
+    state = get_model_state_dict(model, options=options)
     return {name: tensor for name, tensor in state.items() if isinstance(tensor, torch.Tensor)}
 
 

@@ -69,6 +69,7 @@ def shard_policy(model: nn.Module, device: torch.device) -> nn.Module:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    check_fsdp_launch()  # the settings `toolgym train` checks at start, for library use too
     if hasattr(model, "peft_config"):
         raise ShardingError("LoRA adapters are not trained under FSDP; launch with DDP")
     layers = decoder_layers(model)

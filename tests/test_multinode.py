@@ -195,7 +195,7 @@ def test_the_fsdp2_config_trains_a_sharded_policy_and_resumes_exactly(
     first, second = cluster("multi-node-fsdp2", train)
     assert first.returncode == second.returncode == 0, first.stderr[-3000:] + second.stderr[-3000:]
     assert "trained 2 steps" in first.stdout
-    assert "weights agree on 2 processes: yes" in first.stdout
+    assert "weights sharded over 2 processes (FSDP2): one copy" in first.stdout
     steps = steps_of(whole)
     assert sorted(steps) == [1, 2]
     assert all(sum(m["statuses"].values()) == 4 for m in steps.values())

@@ -2,7 +2,7 @@
 processes, then a checkpoint saved and loaded back; run by tests/test_sharding.py in one
 process, and in two under DDP and under FSDP2 (`accelerate launch`, gloo on the CPU).
 
-    split_update.py OUTPUT
+    split_update.py OUTPUT MODEL_FOLDER [--compile-model]
 
 With two processes, process 0 updates on trajectories 0-2 and process 1 on trajectory 3, in
 micro-batches of one: three passes against one, which the learner evens out. Each process
@@ -19,13 +19,15 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from transformers import AutoModelForCausalLM
 
 from toolgym.agents.trajectory import Sample, Trajectory
 from toolgym.algorithms import GRPOConfig, SFTConfig
+from toolgym.algorithms.compiled_layers import decoder_layers
 from toolgym.algorithms.learner import Learner
 from toolgym.algorithms.sharding import full_weights
 from toolgym.algorithms.stages import StageClock
-from toolgym.testing import tiny_model, tiny_tokenizer
+from toolgym.testing import tiny_tokenizer
 
 ADVANTAGES = [0.8, -0.5, -0.3, 0.6]
 
@@ -49,8 +51,9 @@ def fingerprint(learner: Learner) -> list[float]:
     return [float(t.detach().double().sum()) for t in state.values()]
 
 
-def main(output: Path) -> None:
-    accelerator = Accelerator(cpu=True)
+def main(output: Path, model_folder: str, compile_model: bool) -> None:
+    accelerator = Accelerator(cpu=True)  # before loading, as GRPOTrainer does: under FSDP
+    # accelerate's RAM-efficient loading then gives the other processes zeros to start from
     tokenizer = tiny_tokenizer()
     config = GRPOConfig(
         output_dir=str(output),
@@ -61,8 +64,10 @@ def main(output: Path) -> None:
         max_grad_norm=0.05,  # the clipping is active: the gradient's scale matters
         learning_rate=1e-2,
         progress_bar=False,
+        compile_model=compile_model,
     )
-    learner = Learner(tiny_model(tokenizer, seed=4).double(), config, accelerator, 0)
+    model = AutoModelForCausalLM.from_pretrained(model_folder, dtype=torch.float64)
+    learner = Learner(model, config, accelerator, 0)
     rank, processes = accelerator.process_index, accelerator.num_processes
     mine = [0, 1, 2] if rank == 0 else [3]
     if processes == 1:
@@ -95,6 +100,7 @@ def main(output: Path) -> None:
         "second": second,
         "again": fingerprint(learner),
         "grad_norm": figures["grad_norm"],
+        "decoder_layers": len(decoder_layers(learner.policy)),
     }
     (output / f"rank{rank}.json").write_text(json.dumps(record))
     accelerator.wait_for_everyone()
@@ -104,4 +110,4 @@ def main(output: Path) -> None:
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2], "--compile-model" in sys.argv)

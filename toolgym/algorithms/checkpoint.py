@@ -79,6 +79,11 @@ def load_checkpoint(
         load_full_weights(model, state)
         load_full_optimizer_state(model, optimizer, optimizer_state)
     else:
+        if any(isinstance(key, str) for key in optimizer_state.get("state", {})):
+            raise ValueError(
+                f"{folder}'s optimizer state was saved by an FSDP run (keyed by parameter "
+                "name); resume it with FSDP"
+            )
         _load_weights(model, state)
         optimizer.load_state_dict(optimizer_state)
     scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))

@@ -39,7 +39,8 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     names: set[str] = set()
     for module in model.modules():
         names.update(getattr(module, "_no_split_modules", None) or ())
-    layers = [m for m in model.modules() if type(m).__name__ in names]
+    # (by any class in its hierarchy: FSDP2 renames a sharded layer's class FSDP<name>)
+    layers = [m for m in model.modules() if any(c.__name__ in names for c in type(m).__mro__)]
     # a layer nested in another named one (a vision tower's blocks, say) is compiled with it
     inner = {id(sub) for layer in layers for sub in layer.modules() if sub is not layer}
     return [layer for layer in layers if id(layer) not in inner]

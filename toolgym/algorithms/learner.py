@@ -36,9 +36,11 @@ from toolgym.algorithms.optim import adamw
 from toolgym.algorithms.prefix_sharing import share_prefix_by_default
 from toolgym.algorithms.sft import warmup_sft
 from toolgym.algorithms.sharding import (
+    check_fsdp_config,
     fsdp_requested,
     full_optimizer_state,
     full_weights,
+    same_weights_everywhere,
     shard_policy,
     without_aliases,
 )
@@ -61,22 +63,21 @@ class Learner:
         self.args, self.accelerator, self.pad_id = args, accelerator, pad_id
         if accelerator.num_processes > 1:  # a rank whose launcher is gone ends itself
             watch_launcher(accelerator.process_index)
+        self.sharded = fsdp_requested() and accelerator.num_processes > 1
+        """Whether the policy is sharded over the processes (FSDP2, `sharding`)."""
+        if self.sharded:
+            check_fsdp_config(args)
+            model = same_weights_everywhere(model, accelerator.device)
         if args.lora is not None:
             model = _with_lora(model, args.lora)
         if args.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         self.ref_model = frozen_copy(model) if args.beta > 0 else None
         """The policy the KL term anchors to (None without one: `beta` 0)."""
-        self.sharded = fsdp_requested()
-        """Whether the policy is sharded over the processes (FSDP2, `sharding`)."""
-        self.replica: Any = None
-        """Under sharding, the full copy an in-process engine samples from (synced from the
-        slices by `engine_weights`); None otherwise, or for servers."""
+        self.replica = frozen_copy(model) if self.sharded and args.engine != "vllm-server" else None
+        """Under sharding, the full copy an in-process engine starts from (and the
+        transformers engine samples from, refreshed by `engine_weights`); None otherwise."""
         if self.sharded:
-            if args.engine != "vllm-server":
-                self.replica = frozen_copy(model).to(accelerator.device)
-            if self.ref_model is not None:
-                self.ref_model.to(accelerator.device)
             model = shard_policy(model, accelerator.device)
         optimizer = adamw(
             [p for p in model.parameters() if p.requires_grad],
@@ -109,7 +110,11 @@ class Learner:
         are gathered in every process and the replica is refreshed with them."""
         if not self.sharded:
             return self.policy, None
-        state = full_weights(self.model)
+        if self.args.engine == "vllm":
+            self.replica = None  # vLLM holds its own copy: it was only needed to start it
+        # servers get the weights from the main process alone (NCCL sends from the device)
+        main_only = self.args.engine == "vllm-server" and self.args.weight_sync != "nccl"
+        state = full_weights(self.model, main_only=main_only)
         if self.replica is not None:
             self.replica.load_state_dict(state)
         return self.replica, state

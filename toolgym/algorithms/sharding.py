@@ -58,6 +58,36 @@ def check_fsdp_launch() -> None:
     for variable, why in refused.items():
         if os.environ.get(variable, "false").lower() == "true":
             raise ShardingError(f"this process was launched with FSDP and {why}")
+    unsupported = {  # accelerate's variable: (the value toolgym does, what it is)
+        "FSDP_SHARDING_STRATEGY": ({"FULL_SHARD", "1"}, "fsdp_sharding_strategy"),
+        "FSDP_STATE_DICT_TYPE": ({"FULL_STATE_DICT"}, "fsdp_state_dict_type"),
+        "ACCELERATE_MIXED_PRECISION": ({"no"}, "mixed_precision (use toolgym's --bf16)"),
+    }
+    for variable, (done, what) in unsupported.items():
+        value = os.environ.get(variable)
+        if value is not None and value not in done:
+            raise ShardingError(
+                f"this process was launched with FSDP and {what} {value!r}; toolgym shards "
+                f"with {sorted(done)[-1]!r} only"
+            )
+
+
+def check_fsdp_config(config: Any) -> None:
+    """Refuse training settings FSDP2 does not take here: LoRA adapters."""
+    if getattr(config, "lora", None) is not None:
+        raise ShardingError("LoRA adapters are not trained under FSDP; launch with DDP")
+
+
+def same_weights_everywhere(model: nn.Module, device: torch.device) -> nn.Module:
+    """`model` on `device` with the main process's weights and buffers in every process (a
+    collective). Sharding assumes equal full weights everywhere; a launch with accelerate's
+    `fsdp_cpu_ram_efficient_loading` (on by default with `--use_fsdp`) loads real weights in
+    the main process only and zeros in the others."""
+    model.to(device)
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            torch.distributed.broadcast(tensor.data, src=0)
+    return model
 
 
 def shard_policy(model: nn.Module, device: torch.device) -> nn.Module:
@@ -70,8 +100,6 @@ def shard_policy(model: nn.Module, device: torch.device) -> nn.Module:
     from torch.distributed.fsdp import fully_shard
 
     check_fsdp_launch()  # the settings `toolgym train` checks at start, for library use too
-    if hasattr(model, "peft_config"):
-        raise ShardingError("LoRA adapters are not trained under FSDP; launch with DDP")
     layers = decoder_layers(model)
     if not layers:
         raise ShardingError(
@@ -121,7 +149,8 @@ def load_full_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
 
     options = StateDictOptions(full_state_dict=True, strict=False)
     missing, unexpected = set_model_state_dict(model, dict(state), options=options)
-    tied = {k for k in missing if k.endswith("lm_head.weight")}
+    tied_head = getattr(getattr(model, "config", None), "tie_word_embeddings", False)
+    tied = {k for k in missing if tied_head and k.endswith("lm_head.weight")}
     if set(missing) - tied or unexpected:
         raise ValueError(
             f"checkpoint does not match the model: missing {sorted(missing)[:5]}, "
@@ -137,6 +166,8 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
         get_optimizer_state_dict,
     )
 
+    if not optimizer.state:  # before the first step (torch would take a step at lr 0 here)
+        return optimizer.state_dict()
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     return get_optimizer_state_dict(model, optimizer, options=options)
 
@@ -150,5 +181,14 @@ def load_full_optimizer_state(
         set_optimizer_state_dict,
     )
 
+    saved = state.get("state", {})
+    if any(isinstance(key, int) for key in saved):
+        raise ValueError(
+            "this checkpoint's optimizer state was saved by a run without FSDP (keyed by "
+            "parameter number); resume it without FSDP"
+        )
+    if not saved:  # saved before the first step: nothing to load (torch would step at lr 0)
+        optimizer.load_state_dict(state)
+        return
     options = StateDictOptions(full_state_dict=True)
     set_optimizer_state_dict(model, optimizer, state, options=options)

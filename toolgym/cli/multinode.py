@@ -72,16 +72,16 @@ def weights_fingerprint(model: Any) -> list[float]:
     processes that hold the same weights get the same list, bit for bit."""
     import torch
 
-    with torch.no_grad():  # a sharded parameter's full tensor is a collective
-        full = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
-        sums = [p.detach().double().sum() for p in full]
+    with torch.no_grad():
+        sums = [p.detach().double().sum() for p in model.parameters()]
         return torch.stack(sums).tolist() if sums else []
 
 
 def weights_agree(trainer: Any) -> tuple[bool, str] | None:
     """Whether every process of a run holds the same policy weights, and the line that says
     so (`compare_fingerprints`), in the main process (None in the others, which only send
-    their `weights_fingerprint`). Every process must call it.
+    their `weights_fingerprint`). Every process must call it. Under FSDP2 there is one copy,
+    split over the processes: the line says so and nothing is compared.
 
     The fingerprints go through the process group's key-value store, not a gloo collective:
     a collective's tensors, released by gloo's worker thread just as the process tears its
@@ -92,6 +92,10 @@ def weights_agree(trainer: Any) -> tuple[bool, str] | None:
     from torch.distributed.distributed_c10d import _get_default_store
 
     accelerator = trainer.accelerator
+    if trainer.learner.sharded:  # one copy, split over the processes: nothing to compare
+        count = accelerator.num_processes
+        line = f"weights sharded over {count} processes (FSDP2): one copy, nothing to compare"
+        return (True, line) if accelerator.is_main_process else None
     store = _get_default_store()
     mine = weights_fingerprint(trainer.learner.policy)
     store.set(f"toolgym/weights/{accelerator.process_index}", json.dumps(mine))

@@ -37,3 +37,19 @@ def test_train_step_bench_measures_one_toolgym_update(monkeypatch):
     assert result["seconds"] > 0 and math.isfinite(result["tokens_per_s"])
     assert result["peak_mib"] > 0
     sys.modules.pop("train_step", None)
+
+
+@pytest.mark.slow
+def test_sharding_bench_runs_both_arms_on_two_processes():
+    """DDP and FSDP2 over two CPU processes each (a short step; every process gone after)."""
+    import re
+
+    from helpers import run_group
+
+    command = [sys.executable, str(BENCH / "sharding.py"), "--episodes", "2"]
+    command += ["--prompt", "16", "--completion", "16", "--repeats", "0"]
+    done = run_group(command, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert lines[1].startswith("DDP: process 0") and lines[2].startswith("FSDP2: process 0")
+    assert re.fullmatch(r"FSDP2/DDP peak growth [0-9.]+, speed [0-9.]+", lines[-1]), lines

@@ -26,6 +26,7 @@ import json
 import logging
 from typing import Any
 
+from toolgym.agents.images import template_content
 from toolgym.agents.parsers.detect import ProbeReply, render_probe
 from toolgym.agents.template_check import (
     PROBE_TOOLS,
@@ -116,10 +117,9 @@ class ChatRenderer:
 
     def for_template(self, messages: list[Message]) -> list[Message]:
         """Messages as this template reads them: reasoning under each key templates use,
-        arguments as JSON strings where the template wants strings, no empty `tool_calls`."""
-        if not self.string_arguments and not any(
-            _REASONING_KEYS[0] in m or m.get("tool_calls") == [] for m in messages
-        ):
+        arguments as JSON strings where wanted, no empty `tool_calls`, images as blocks."""
+        messages = [template_content(m) for m in messages]
+        if not self.string_arguments and not any(_needs_conversion(m) for m in messages):
             return messages
         converted = copy.deepcopy(messages)
         for message in converted:
@@ -350,6 +350,10 @@ class ChatRenderer:
         # It must stay where it is once a tool result follows (not a next-turn opening that
         # the template writes only after a final message).
         return last if head.endswith(last) and full.startswith(head) else None
+
+
+def _needs_conversion(message: Message) -> bool:
+    return _REASONING_KEYS[0] in message or message.get("tool_calls") == []
 
 
 def _leading_special_token(tokenizer: Any, text: str) -> tuple[str, str] | None:

@@ -97,6 +97,11 @@ class RolloutContext:
         return self._episode.agent.renderer
 
     @property
+    def vision(self) -> Any:
+        """How the agent's model sees images in tool results (None: text only)."""
+        return self._episode.agent.vision
+
+    @property
     def limits(self) -> AgentLimits:
         """The episode's limits."""
         return self._episode.limits

@@ -11,7 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from toolgym.agents.custom import EpisodeEnd, RolloutContext, assistant_message
+from toolgym.agents.images import tool_images, unseen_images
 from toolgym.agents.trajectory import Trajectory
+from toolgym.envs.tools import UnrenderableResult
 
 
 async def chat_rollout(ctx: RolloutContext, env: Any) -> Trajectory:
@@ -39,6 +41,9 @@ async def chat_rollout(ctx: RolloutContext, env: Any) -> Trajectory:
             raise EpisodeEnd("finished" if step.info.get("answered") else "env_done")
         if step.truncated:
             raise EpisodeEnd("max_turns")
+        images = tool_images(step.messages)
+        if images and (ctx.vision is None or renderer.per_turn):
+            raise EpisodeEnd("env_error", UnrenderableResult(unseen_images(renderer.per_turn)))
         if renderer.per_turn:
             continue  # the next turn's prompt is the template's rendering of it all
         stopped_on_call_end = generation.last_token == renderer.call_end_id
@@ -46,9 +51,11 @@ async def chat_rollout(ctx: RolloutContext, env: Any) -> Trajectory:
             ctx.observe_ids(trajectory, [renderer.end_of_turn_id])  # it stopped on EOS
         try:
             suffix = renderer.tool_suffix_ids(step.messages, tools, stopped_on_call_end)
+            suffix = ctx.vision.expand(suffix, images) if images else suffix
         except Exception as error:
             raise EpisodeEnd("env_error", f"the chat template cannot render: {error}") from error
         ctx.observe_ids(trajectory, suffix)
+        trajectory.samples[-1].images.extend(images)
     raise EpisodeEnd("max_turns")
 
 

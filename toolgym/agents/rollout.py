@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from toolgym.agents.chat import ChatRenderer
 from toolgym.agents.custom import EpisodeEnd, RolloutContext, RolloutFn
@@ -40,6 +40,9 @@ from toolgym.envs.calls import (
 )
 from toolgym.envs.inline import InlineStep
 from toolgym.envs.stepping import Steppable, Stepper, as_environment, failure_status
+
+if TYPE_CHECKING:
+    from toolgym.agents.images import VisionInputs
 from toolgym.envs.tools import valid_text
 
 Row = dict[str, Any]
@@ -166,6 +169,9 @@ class Agent:
             "auto": continuous where the engine can.
         tool_threads: Threads for sync tools and `reset` in `run` (with `arun`, they run in
             the caller's loop's default executor).
+        vision: How the model sees images in tool results (`toolgym.agents.images`; the
+            engine must take them: the transformers engine); None: text only, and a tool
+            result with an image ends its episode `env_error`, naming why.
     """
 
     engine: Engine
@@ -179,6 +185,7 @@ class Agent:
     batch_wait: float = 0.01
     tool_threads: int = 64
     scheduler: Literal["auto", "continuous", "batch"] = "auto"
+    vision: VisionInputs | None = None
 
     def __post_init__(self) -> None:
         self.renderer = ChatRenderer(
@@ -379,7 +386,8 @@ class Episode:
         started = time.perf_counter()
         try:
             ids = trajectory.prompt_ids + trajectory.completion_ids
-            request = GenerationRequest(ids, sampling, session=self.session)
+            images = trajectory.samples[-1].images
+            request = GenerationRequest(ids, sampling, session=self.session, images=images)
             return await self.batcher.generate(request)
         except Exception as error:
             raise EpisodeEnd("engine_error", error) from error

@@ -65,6 +65,8 @@ class Sample:
     completion_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    images: list[str] = field(default_factory=list)
+    """The images its ids show, in order (data URLs; `toolgym.agents.images`)."""
 
     def append(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
         """Append model tokens (`sampled=True`, with their logprobs) or observation tokens."""

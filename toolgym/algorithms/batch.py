@@ -14,7 +14,7 @@ per-turn sample by its whole episode's sampled tokens, as if it were one sequenc
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -39,10 +39,13 @@ class TokenBatch:
     token_advantages: torch.Tensor
     """Per position: the sample's advantage plus any per-step reward credited to that token
     (`GRPOConfig.step_rewards="tokens"`); the loss reads positions 1..L-1."""
+    images: list[str] = field(default_factory=list)
+    """The images the rows show, in row order (`toolgym.agents.images`)."""
 
     def to(self, device: torch.device | str) -> TokenBatch:
         """The batch on `device`."""
-        return TokenBatch(*(t.to(device) for t in vars(self).values()))
+        tensors = {k: v for k, v in vars(self).items() if isinstance(v, torch.Tensor)}
+        return replace(self, **{k: v.to(device) for k, v in tensors.items()})  # type: ignore[arg-type]
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -141,6 +144,7 @@ def collate(rows: Sequence[TrainingSample], pad_id: int) -> TokenBatch:
         advantages,
         torch.tensor([row.episode_tokens for row in rows], dtype=torch.float32),
         token_advantages,
+        [image for row in rows for image in row.sample.images],
     )
 
 
@@ -163,4 +167,5 @@ def idle_batch(batches: Sequence[TokenBatch], pad_id: int, device: torch.device)
         advantages=torch.zeros(rows, device=device),
         episode_tokens=torch.ones(rows, device=device),
         token_advantages=zeros,
+        images=batches[0].images if batches else [],
     )

@@ -25,14 +25,20 @@ ENGINES = ("hf", "vllm", "vllm-server")
 
 
 def make_engine(
-    args: GRPOConfig, policy: Any, tokenizer: Any, folder: Path, eval_rows: list[Any]
+    args: GRPOConfig,
+    policy: Any,
+    tokenizer: Any,
+    folder: Path,
+    eval_rows: list[Any],
+    vision: Any = None,
 ) -> Any:
     """The engine `args.engine` names, sampling with `policy`'s weights; a vLLM engine's KV
-    cache on the CPU holds a step's episodes (or an evaluation's rows) at their longest."""
+    cache on the CPU holds a step's episodes (or an evaluation's rows) at their longest; the
+    transformers engine takes images with `vision` (`toolgym.agents.images`)."""
     if args.engine == "hf":
         from toolgym.agents.engines.hf import HFEngine
 
-        return HFEngine(policy, tokenizer)
+        return HFEngine(policy, tokenizer, vision=vision)
     if args.engine not in ENGINES:
         raise ValueError(f"unknown engine {args.engine!r}; one of {', '.join(ENGINES)}")
     tokenizer.save_pretrained(folder)  # (the run viewer reads it there)

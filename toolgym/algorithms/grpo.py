@@ -24,6 +24,7 @@ from accelerate.utils import InitProcessGroupKwargs, set_seed
 
 from toolgym.agents.custom import RolloutFn
 from toolgym.agents.engines.logs import engine_logs_to_file, engine_logs_to_terminal
+from toolgym.agents.images import VisionInputs
 from toolgym.agents.trajectory import outcome, save_jsonl, summarize
 from toolgym.algorithms.advantages import group_advantages, trainable
 from toolgym.algorithms.config import GRPOConfig, SFTConfig
@@ -99,23 +100,24 @@ class GRPOTrainer:
                 model, tokenizer = load_policy(model, tokenizer)
         if tokenizer is None:
             raise ValueError("pass the model's tokenizer (tokenizer=...)")
-        self.tokenizer = tokenizer
+        self.vision = VisionInputs.of(tokenizer, model)  # a processor's image side, or None
+        self.tokenizer = tokenizer = tokenizer.tokenizer if self.vision else tokenizer
         self.train_rows = [dict(r) for r in train_dataset]
         self.eval_rows = [dict(r) for r in eval_dataset] if eval_dataset is not None else []
         if not self.train_rows:
             raise ValueError("train_dataset is empty")
         self._make_env = self._env_factory(env, env_kwargs or {})
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self.learner = Learner(model, args, self.accelerator, self.pad_id)
+        self.learner = Learner(model, args, self.accelerator, self.pad_id, self.vision)
         """The policy, its optimizer and checkpoints (`toolgym.algorithms.learner`)."""
         self.model = self.learner.model  # as accelerate prepared it
         self.output_dir = Path(args.output_dir)
         with self.stages.stage("engine start"):
             weights_dir, policy = self._path("engine-weights"), self.learner.engine_policy
             self.engine = engine or make_engine(
-                args, policy, tokenizer, weights_dir, self.eval_rows
+                args, policy, tokenizer, weights_dir, self.eval_rows, self.vision
             )
-        self.agent = training_agent(args, self.engine, tokenizer)
+        self.agent = training_agent(args, self.engine, tokenizer, self.vision)
         process = (self.accelerator.process_index, self.accelerator.num_processes)
         self.sampler = Sampler(  # plays and scores episodes; it needs nothing of the learner
             self.agent, self._make_env, self.train_rows, args, reward_funcs or [], rollout_fn,

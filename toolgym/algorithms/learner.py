@@ -19,6 +19,7 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 from transformers import get_scheduler
 
+from toolgym.agents.images import VisionInputs, images_bound
 from toolgym.agents.trajectory import Trajectory
 from toolgym.algorithms.batch import collate, idle_batch, training_samples
 from toolgym.algorithms.checkpoint import load_checkpoint, save_checkpoint, save_random_states
@@ -57,10 +58,18 @@ class Learner:
         args: The run's configuration (optimizer, loss and batching fields).
         accelerator: The processes' group; the model and optimizer are prepared with it.
         pad_id: The token that pads micro-batches.
+        vision: The pixel inputs of samples that show images (`toolgym.agents.images`).
     """
 
-    def __init__(self, model: Any, args: GRPOConfig, accelerator: Accelerator, pad_id: int):
-        self.args, self.accelerator, self.pad_id = args, accelerator, pad_id
+    def __init__(
+        self,
+        model: Any,
+        args: GRPOConfig,
+        accelerator: Accelerator,
+        pad_id: int,
+        vision: VisionInputs | None = None,
+    ):
+        self.args, self.accelerator, self.pad_id, self.vision = args, accelerator, pad_id, vision
         if accelerator.num_processes > 1:  # a rank whose launcher is gone ends itself
             watch_launcher(accelerator.process_index)
         self.sharded = fsdp_requested() and accelerator.num_processes > 1
@@ -243,7 +252,7 @@ class Learner:
     def _logprobs(self, model: Any, batch: Any) -> torch.Tensor:
         args = self.args
         autocast = torch.autocast(batch.input_ids.device.type, torch.bfloat16, enabled=args.bf16)
-        with autocast:
+        with autocast, images_bound(model, self.vision, batch.input_ids, batch.images):
             return token_logprobs(
                 model,
                 batch.input_ids,
@@ -251,8 +260,14 @@ class Learner:
                 args.logprob_chunk_size,
                 args.temperature,
                 compiled=compile_by_default(args.compile_logprobs, batch.input_ids.device),
-                share_prefix=share_prefix_by_default(args.share_prefix, batch.input_ids.device),
+                share_prefix=self._share_prefix(batch),
             )
+
+    def _share_prefix(self, batch: Any) -> bool:
+        """Whether `batch`'s common prompt is computed once (never with images: the rows'
+        pixel inputs go with their whole sequences)."""
+        device = batch.input_ids.device
+        return share_prefix_by_default(self.args.share_prefix, device) and not batch.images
 
     def _micro_step(
         self, batch: Any, normalizer: StepNormalizer, old_logprobs: torch.Tensor | None
@@ -279,7 +294,7 @@ class Learner:
             episode_tokens=batch.episode_tokens,
         )
         autocast = torch.autocast(batch.input_ids.device.type, torch.bfloat16, enabled=args.bf16)
-        with autocast:
+        with autocast, images_bound(self.model, self.vision, batch.input_ids, batch.images):
             loss, stats = learner_loss(
                 resolve_loss_impl(args.loss_impl),
                 self.model,
@@ -289,7 +304,7 @@ class Learner:
                 args.logprob_chunk_size,
                 args.temperature,
                 compile_by_default(args.compile_logprobs, batch.input_ids.device),
-                share_prefix_by_default(args.share_prefix, batch.input_ids.device),
+                self._share_prefix(batch),
             )
         # DDP and FSDP average the processes' gradients, and `normalizer` already divides
         # by counts over every process: scaled back, the step is the same however split.

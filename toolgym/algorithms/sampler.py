@@ -187,9 +187,10 @@ class Sampler:
         return sources
 
 
-def training_agent(args: GRPOConfig, engine: Any, tokenizer: Any) -> Agent:
+def training_agent(args: GRPOConfig, engine: Any, tokenizer: Any, vision: Any = None) -> Agent:
     """The agent playing a run's rollouts: the engine, the template choices, the limits and
-    the training sampling settings."""
+    the training sampling settings; images in tool results reach the model through `vision`
+    with the transformers engine only."""
     return Agent(
         engine,
         tokenizer,
@@ -200,4 +201,5 @@ def training_agent(args: GRPOConfig, engine: Any, tokenizer: Any) -> Agent:
         limits=args.limits,
         sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p),
         batch_wait=args.batch_wait,
+        vision=vision if getattr(engine, "vision", None) is vision else None,
     )

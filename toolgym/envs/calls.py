@@ -16,7 +16,7 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from toolgym.envs.tools import UnrenderableResult, render_result
+from toolgym.envs.tools import UnrenderableResult, blocks_text, image_blocks, render_result
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +72,9 @@ class ToolResult:
     call: ToolCall | MalformedToolCall
     content: str
     failure: FailureKind | None = None
+    blocks: list[dict[str, str]] | None = None
+    """A result with images: its text and image blocks in order (`tools.image_blocks`);
+    `content` is then its text."""
 
     @property
     def ok(self) -> bool:
@@ -82,7 +85,9 @@ class ToolResult:
     def message(self) -> dict[str, Any]:
         """The chat message (`role: tool`) that carries this result back to the model."""
         name = self.call.name if isinstance(self.call, ToolCall) else "invalid_tool_call"
-        message = {"role": "tool", "name": name, "content": self.content}
+        message: dict[str, Any] = {"role": "tool", "name": name, "content": self.content}
+        if self.blocks:  # the agent renders them where its model sees images
+            message["content_blocks"] = self.blocks
         if self.call.id is not None:
             message["tool_call_id"] = self.call.id
         return message
@@ -156,6 +161,9 @@ class PreparedCall:
 
     def _rendered(self, value: Any) -> ToolResult:
         try:
+            blocks = image_blocks(value)
+            if blocks is not None:
+                return ToolResult(self.call, blocks_text(blocks), blocks=blocks)
             return ToolResult(self.call, render_result(value))
         except UnrenderableResult:
             raise  # not the model's error to read: the episode ends, naming it

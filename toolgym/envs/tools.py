@@ -285,8 +285,9 @@ def instance_tools(instance: object) -> dict[str, Tool]:
 
 
 class UnrenderableResult(TypeError):
-    """A tool returned content no chat template toolgym renders (an image block): the episode
-    ends `env_error` at that call, naming it, rather than the model reading an error."""
+    """A tool returned content the agent cannot show its model (audio; an image where the
+    model or its template takes text only): the episode ends `env_error`, naming it, rather
+    than the model reading an error."""
 
 
 TEXT_BLOCK_TYPES = frozenset({"text", "input_text", "output_text"})
@@ -297,7 +298,8 @@ def render_result(value: Any) -> str:
     """Tool return value -> message content: strings as they are, a list of content blocks
     (TRL's and MCP's `[{"type": "text", "text": ...}, ...]`) as its texts joined by newlines,
     everything else as JSON; either way valid Unicode (see `valid_text`). A block of media
-    (an image) raises `UnrenderableResult`: toolgym's agents render text only for now."""
+    raises `UnrenderableResult` (environments' calls take images apart first: `image_blocks`;
+    MCP and OpenEnv results do not yet)."""
     if isinstance(value, str):
         return valid_text(value)
     if _is_content_blocks(value):
@@ -316,6 +318,85 @@ def render_result(value: Any) -> str:
             f"the tool returned a {type(value).__name__}, which cannot be converted to JSON "
             f"({error}); return a string or JSON-compatible data"
         ) from None
+
+
+IMAGE_TYPES = frozenset({"image", "image_url", "input_image"})
+MAX_IMAGE_BYTES = 8 * 2**20
+"""The largest encoded image a tool result may carry."""
+
+
+def image_blocks(value: Any) -> list[dict[str, str]] | None:
+    """A tool result of content blocks with at least one image (TRL's, MCP's and OpenAI's
+    forms; the image a PIL image, bytes, a base64 string or a data URL) as text and image
+    blocks in order, each image a `data:image/...;base64,` URL (JSON-safe, so sandboxes
+    carry it); None for any other result. TypeError for an image it cannot read; audio
+    raises `UnrenderableResult`. Standard library only (sandbox workers run it)."""
+    if not _is_content_blocks(value) or not any(b["type"] in IMAGE_TYPES for b in value):
+        return None
+    blocks = []
+    for block in value:
+        kind = block["type"]
+        if kind in TEXT_BLOCK_TYPES:
+            blocks.append({"type": "text", "text": valid_text(str(block.get("text", "")))})
+        elif kind in IMAGE_TYPES:
+            blocks.append({"type": "image", "image": image_data_url(block)})
+        else:
+            raise UnrenderableResult(
+                f"the tool returned {kind!r} content: toolgym renders text and images only"
+            )
+    return blocks
+
+
+def image_data_url(block: dict[str, Any]) -> str:
+    """An image block's image as a base64 data URL."""
+    import base64
+    import io
+
+    image = block.get("image", block.get("image_url", block.get("data")))
+    if isinstance(image, dict):  # OpenAI's {"url": ...}
+        image = image.get("url")
+    if image is not None and hasattr(image, "save"):  # a PIL image
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        image = buffer.getvalue()
+    if isinstance(image, bytes):
+        mime = "image/jpeg" if image[:3] == b"\xff\xd8\xff" else "image/png"
+        image = f"data:{mime};base64,{base64.b64encode(image).decode()}"
+    elif isinstance(image, str) and not image.startswith("data:"):
+        if image.startswith(("http://", "https://", "file:", "/")):
+            raise TypeError("an image must be given inline (PIL image, bytes, base64), not a URL")
+        image = f"data:{block.get('mimeType', 'image/png')};base64,{image}"
+    if not isinstance(image, str) or not image.startswith("data:image/") or "," not in image:
+        raise TypeError(f"cannot read the image of a {block['type']!r} block")
+    base64.b64decode(image.split(",", 1)[1], validate=True)  # binascii.Error: a ValueError
+    if len(image) > MAX_IMAGE_BYTES * 4 // 3:
+        raise TypeError(f"an image is over {MAX_IMAGE_BYTES // 2**20} MiB")
+    return image
+
+
+def checked_blocks(blocks: Any) -> list[dict[str, str]]:
+    """Blocks from a sandbox's reply, checked as `image_blocks` makes them (the worker's
+    process may have been taken over): ValueError for anything else."""
+    if not isinstance(blocks, list) or not blocks:
+        raise ValueError("a sandbox replied with content blocks that are not a list")
+    for block in blocks:
+        kind = block.get("type") if isinstance(block, dict) else None
+        ok = (kind == "text" and isinstance(block.get("text"), str)) or (
+            kind == "image"
+            and isinstance(block.get("image"), str)
+            and block["image"].startswith("data:image/")
+            and len(block["image"]) <= MAX_IMAGE_BYTES * 4 // 3
+        )
+        if not ok or set(block) != {"type", kind}:
+            raise ValueError(
+                f"a sandbox replied with a content block toolgym never makes: {block!r:.80}"
+            )
+    return blocks
+
+
+def blocks_text(blocks: list[dict[str, str]]) -> str:
+    """The text of content blocks (their text blocks joined by newlines)."""
+    return "\n".join(b["text"] for b in blocks if b["type"] == "text")
 
 
 def _is_content_blocks(value: Any) -> bool:

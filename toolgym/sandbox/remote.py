@@ -28,7 +28,7 @@ from toolgym.envs.calls import Demonstration, ToolCall, ToolResult, as_episode_m
 from toolgym.envs.inline import InlineStep, as_inline_step
 from toolgym.envs.protocol import HOOK_NAMES, RESERVED_NAMES, TRL_NOT_TOOLS
 from toolgym.envs.stepping import Executor, Stepper
-from toolgym.envs.tools import tool_table
+from toolgym.envs.tools import checked_blocks, tool_table
 from toolgym.sandbox.worker import PROTOCOL_VERSION
 
 _log = logging.getLogger(__name__)
@@ -277,7 +277,8 @@ class RemoteExecutor(Executor):
 
     def run(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
         value = self._model_request("call", name=call.name, arguments=arguments)
-        return ToolResult(call, value["content"], value["failure"])
+        blocks = checked_blocks(value["blocks"]) if value.get("blocks") else None  # forgeable
+        return ToolResult(call, value["content"], value["failure"], blocks=blocks)
 
     def _model_request(self, op: str, **fields: Any) -> Any:
         """A request that carries what the model wrote (a call, an inline step, a final

@@ -176,7 +176,8 @@ class Worker:
         # The same run / error / rendering path as a local call, so the model reads the same
         # text whichever backend hosts the environment (the host already checked the call).
         result = self.executor.run(ToolCall(name, arguments), arguments)
-        return {"content": result.content[:MAX_CONTENT_CHARS], "failure": result.failure}
+        reply = {"content": result.content[:MAX_CONTENT_CHARS], "failure": result.failure}
+        return reply | ({"blocks": result.blocks} if result.blocks else {})
 
     def _op_invoke(self, request: dict[str, Any]) -> Any:
         """A protocol hook (`toolgym.envs.protocol.INVOKABLE`), by its executor method."""

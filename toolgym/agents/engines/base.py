@@ -38,6 +38,8 @@ class GenerationRequest:
     session: str | None = None
     """The episode (or endpoint session) it continues: an engine over several servers keeps
     a session's requests on one server, whose prefix cache holds its earlier turns."""
+    images: list[str] = field(default_factory=list)
+    """The images `prompt_ids` show (data URLs), for engines whose model sees them."""
 
 
 @dataclass

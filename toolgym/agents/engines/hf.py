@@ -27,13 +27,16 @@ class HFEngine:
         model: A transformers causal LM (the policy itself when training on one device).
         tokenizer: Its tokenizer (for the pad id).
         context_length: Longest prompt + completion; defaults to the model's positions.
+        vision: For requests with images (`toolgym.agents.images`): their pixel inputs.
     """
 
     capabilities = EngineCapabilities(own_weights=False, update_with="model")
     """Samples from the policy model itself: batches only, no rollouts during an update."""
 
-    def __init__(self, model: Any, tokenizer: Any, context_length: int | None = None) -> None:
-        self.model, self.tokenizer = model, tokenizer
+    def __init__(
+        self, model: Any, tokenizer: Any, context_length: int | None = None, vision: Any = None
+    ) -> None:
+        self.model, self.tokenizer, self.vision = model, tokenizer, vision
         self.pad_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         )
@@ -51,6 +54,7 @@ class HFEngine:
                 *(getattr(request.sampling, k) for k in _SAMPLING_KEYS),
                 tuple(request.sampling.stop_token_ids),
                 tuple(request.sampling.stop_strings),
+                index if request.images else -1,  # a request with images goes alone
             )
             groups.setdefault(key, []).append(index)
         with self._lock:
@@ -85,9 +89,14 @@ class HFEngine:
             return_dict_in_generate=True,
         )
         stops = sampling.stop_strings
+        images = requests[0].images
+        if images and self.vision is None:
+            raise ValueError("this engine was given no image processor (HFEngine(vision=...))")
+        pixels = self.vision.model_inputs(input_ids.to(device), images) if images else {}
         output = self.model.generate(
             input_ids=input_ids.to(device),
             attention_mask=attention.to(device),
+            **pixels,
             generation_config=config,
             stopping_criteria=StoppingCriteriaList([_StopStrings(stops, longest, self._decode)])
             if stops

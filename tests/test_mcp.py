@@ -32,6 +32,10 @@ SERVER = textwrap.dedent(
 
     app = MCPServer("counter", log_level="ERROR")
     state = {"count": 0, "target": 3}
+    PICTURE = (  # a 4 x 4 red PNG
+        "iVBORw0KGgoAAAANSUhEUgAAAAQAAAAECAIAAAAmkwkpAAAAFElEQVR4nGM8ISfHAANMDEgANwcANHYBDK9"
+        "qubUAAAAASUVORK5CYII="
+    )
 
 
     @app.tool()
@@ -66,6 +70,17 @@ SERVER = textwrap.dedent(
     def die() -> str:
         """Exit the server's process."""
         os._exit(3)
+
+
+    @app.tool()
+    def picture() -> list:
+        """A picture of the counter."""
+        from mcp.types import ImageContent, TextContent
+
+        return [
+            TextContent(type="text", text="the counter:"),
+            ImageContent(type="image", data=PICTURE, mimeType="image/png"),
+        ]
 
 
     @app.tool()
@@ -143,7 +158,7 @@ def test_a_stdio_server_is_an_environment_through_register_and_make(server_file,
     toolgym.register("test/McpCounter-v0", env, max_turns=5)
     with toolgym.make("test/McpCounter-v0") as instance:
         names = [tool["function"]["name"] for tool in instance.tools]
-        assert names == ["increment", "divide", "pid", "die"]  # start and score: toolgym's
+        assert names == ["increment", "divide", "pid", "die", "picture"]  # start, score: ours
         schema = instance.tools[0]["function"]
         assert schema["description"] == "Add to the counter."
         assert schema["parameters"]["properties"]["by"]["type"] == "integer"
@@ -169,6 +184,17 @@ def test_errors_are_tool_failures_with_the_servers_text(server_file, quiet):
         assert contents(result)[3] == "2.0"
         assert env.get_reward() is None  # no reward source: the trainer's functions score it
         assert not result.terminated
+
+
+def test_an_image_result_carries_the_image_for_models_that_see_it(server_file, quiet):
+    """Text-only readers get a placeholder; the message's blocks hold the image itself."""
+    with toolgym.mcp([sys.executable, str(server_file)], errlog=quiet)() as env:
+        env.reset()
+        (message,) = env.step(call("picture")).messages
+        assert message["content"] == "the counter:\n[image image/png]"
+        text, image = message["content_blocks"]
+        assert text == {"type": "text", "text": "the counter:"}
+        assert image["image"].startswith("data:image/png;base64,iVBOR")
 
 
 def test_a_call_that_kills_the_server_ends_the_episode_and_the_next_one_starts_afresh(
@@ -237,7 +263,7 @@ def test_a_streamable_http_server_is_an_environment_with_a_session_per_episode(s
         toolgym.register("test/McpHttpCounter-v0", env)
         with toolgym.make("test/McpHttpCounter-v0") as instance:
             names = {tool["function"]["name"] for tool in instance.tools}
-            assert names == {"increment", "divide", "pid", "die"}
+            assert names == {"increment", "divide", "pid", "die", "picture"}
             instance.reset(target=1)
             assert contents(instance.step(call("increment")))[0] == "1"
             assert instance.get_reward() == 1.0

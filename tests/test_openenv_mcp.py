@@ -138,7 +138,7 @@ def test_each_mcp_tool_of_an_openenv_server_is_a_tool_and_each_call_a_step(url):
         assert content(won) == "Correct!" and won.reward == 1.0 and env.done
 
 
-def test_the_servers_errors_are_named_failures_and_an_image_ends_the_episode(url):
+def test_the_servers_errors_are_named_failures_and_an_image_is_carried(url):
     with toolgym.openenv(url)() as env:
         env.reset(mode="production")
         missing = env.step(call("read"))  # checked against the listed schema, never sent
@@ -154,9 +154,10 @@ def test_the_servers_errors_are_named_failures_and_an_image_ends_the_episode(url
             content(gone) == "Error (tool_not_found): Tool 'hint' not available in production mode"
         )
         assert not env.done
-        image = env.step(call("picture"))
-        assert image.results[0].failure == "env_error" and image.info["ended"] == "env_error"
-        assert "the tool returned 'image' content" in content(image)
+        image = env.step(call("picture"))  # carried for models that see images
+        assert image.results[0].ok and not image.terminated
+        (block,) = image.messages[0]["content_blocks"]
+        assert block["image"].startswith("data:image/png;base64,iVBOR")
 
 
 def test_sessions_are_apart_and_astep_goes_through_the_session(url):

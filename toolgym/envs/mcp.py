@@ -17,10 +17,11 @@
   the tools is reused by the first reset (no tool ran in it).
 - **Results** come back as tool messages: text blocks joined by newlines (a resource's text;
   other blocks as `[image image/png]`-style placeholders), else the structured content as
-  JSON. A result with `isError` is a tool failure (`tool_error`) carrying the server's text,
-  and so is a JSON-RPC error the server answers a call with. A server that exits during a
-  call ends the episode `tool_crash` (the model's call killed it); one that cannot be reached
-  ends it `env_error`.
+  JSON; a result with images also carries them as data URLs (`content_blocks`, for models
+  that see images). A result with `isError` is a tool failure (`tool_error`) carrying the
+  server's text, and so is a JSON-RPC error the server answers a call with. A server that
+  exits during a call ends the episode `tool_crash` (the model's call killed it); one that
+  cannot be reached ends it `env_error`.
 - **Reward**: `reward_tool` (a server tool called when the reward is read, with the row's
   columns its schema names; its structured `result`, or its text, as a number), a `reward`
   function `reward(episode: MCPEpisode) -> float | None`, or both (their sum). With neither,
@@ -45,7 +46,7 @@ from toolgym.envs.inline import InlineStep
 from toolgym.envs.mcp_session import MCPSession, Server, is_url, server_argv
 from toolgym.envs.rows import rows_builder
 from toolgym.envs.stepping import Executor, Stepper
-from toolgym.envs.tools import Tool, ToolArgumentError, render_result
+from toolgym.envs.tools import Tool, ToolArgumentError, image_blocks, render_result
 
 
 class ServerGone(RuntimeError):
@@ -366,32 +367,50 @@ def mcp_tool(listed: Any) -> MCPTool:
 
 
 def as_tool_result(call: ToolCall, result: Any) -> ToolResult:
-    """An MCP `CallToolResult` as a toolgym result (`isError`: a `tool_error` failure)."""
+    """An MCP `CallToolResult` as a toolgym result (`isError`: a `tool_error` failure); one
+    with images also carries them, as data URLs, for models that see them."""
     text = result_text(result)
     if result.is_error:
         if not text.lower().startswith("error"):  # the model reads "Error..." first, once
             text = f"Error: {text or 'the tool failed'}"
         return ToolResult(call, text, "tool_error")
-    return ToolResult(call, text)
+    return ToolResult(call, text, blocks=result_blocks(result))
 
 
 def result_text(result: Any) -> str:
     """A `CallToolResult`'s content as message text (see the module docstring)."""
-    parts = []
-    for block in result.content or ():
-        kind = getattr(block, "type", "")
-        if kind == "text":
-            parts.append(block.text)
-        elif kind == "resource" and getattr(block.resource, "text", None) is not None:
-            parts.append(block.resource.text)
-        elif kind in ("resource", "resource_link"):
-            uri = getattr(getattr(block, "resource", block), "uri", "")
-            parts.append(f"[resource {uri}]")
-        else:
-            parts.append(f"[{kind} {getattr(block, 'mime_type', '') or ''}]".replace(" ]", "]"))
+    parts = [_block_text(block) for block in result.content or ()]
     if not parts and result.structured_content is not None:
         return render_result(result.structured_content)
     return render_result("\n".join(parts))
+
+
+def result_blocks(result: Any) -> list[dict[str, str]] | None:
+    """A `CallToolResult` with images as text and image blocks (`tools.image_blocks`); None
+    without an image."""
+    content = list(result.content or ())
+    if not any(getattr(block, "type", "") == "image" for block in content):
+        return None
+    return image_blocks(
+        [
+            {"type": "image", "data": block.data, "mimeType": block.mime_type}
+            if block.type == "image"
+            else {"type": "text", "text": _block_text(block)}
+            for block in content
+        ]
+    )
+
+
+def _block_text(block: Any) -> str:
+    """One content block as text: its text, a resource's text or URI, else a placeholder."""
+    kind = getattr(block, "type", "")
+    if kind == "text":
+        return str(block.text)
+    if kind == "resource" and getattr(block.resource, "text", None) is not None:
+        return str(block.resource.text)
+    if kind in ("resource", "resource_link"):
+        return f"[resource {getattr(getattr(block, 'resource', block), 'uri', '')}]"
+    return f"[{kind} {getattr(block, 'mime_type', '') or ''}]".replace(" ]", "]")
 
 
 def reward_value(name: str, result: Any) -> float | None:

@@ -11,8 +11,9 @@ a throwaway instance on the server, no session), or over `POST /mcp` (`tools/lis
 `/step` refuses `list_tools` (a subclass of `CallToolAction`, or a production-mode server).
 
 Results: an MCP result's text blocks joined by newlines (a resource's text; its structured
-content as JSON when it has no blocks); an image block ends the episode `env_error` as any
-tool's image does (`UnrenderableResult`); a result with `is_error` is a `tool_error`. The
+content as JSON when it has no blocks); with image blocks, the text and images in order
+(`tools.image_blocks`: the message's `content_blocks`, for models that see images); a result
+with `is_error` is a `tool_error`. The
 server's named errors (`CallToolObservation.error`) are failures naming their type:
 `tool_not_found` -> `unknown_tool`, `invalid_args` -> `invalid_arguments`, the others
 (`execution_error`, `timeout`, `transport_error`) -> `tool_error`.
@@ -28,7 +29,7 @@ from typing import Any
 
 from toolgym.envs.calls import FailureKind, ToolCall, ToolResult
 from toolgym.envs.mcp import MCPTool, _no_model, _unbound
-from toolgym.envs.tools import render_result
+from toolgym.envs.tools import blocks_text, image_blocks, render_result
 
 FAILURES: dict[str, FailureKind] = {
     "tool_not_found": "unknown_tool",
@@ -98,6 +99,9 @@ def call_result(call: ToolCall, observation: Mapping[str, Any]) -> ToolResult:
         return ToolResult(call, message, FAILURES.get(kind, "tool_error"))
     result = observation.get("result")
     if isinstance(result, Mapping) and isinstance(result.get("content"), list):
+        blocks = image_blocks([_block(block) for block in result["content"]])
+        if blocks is not None and not (result.get("is_error") or result.get("isError")):
+            return ToolResult(call, blocks_text(blocks), blocks=blocks)  # images: data URLs
         text = _content_text(result)
         if result.get("is_error") or result.get("isError"):
             if not text.lower().startswith("error"):

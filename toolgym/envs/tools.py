@@ -365,7 +365,8 @@ def image_data_url(block: dict[str, Any]) -> str:
     elif isinstance(image, str) and not image.startswith("data:"):
         if image.startswith(("http://", "https://", "file:", "/")):
             raise TypeError("an image must be given inline (PIL image, bytes, base64), not a URL")
-        image = f"data:{block.get('mimeType', 'image/png')};base64,{image}"
+        mime = block.get("mimeType") or block.get("mime_type") or "image/png"
+        image = f"data:{mime};base64,{image}"
     if not isinstance(image, str) or not image.startswith("data:image/") or "," not in image:
         raise TypeError(f"cannot read the image of a {block['type']!r} block")
     base64.b64decode(image.split(",", 1)[1], validate=True)  # binascii.Error: a ValueError

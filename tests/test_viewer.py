@@ -742,6 +742,41 @@ def test_step_rewards_are_marked_on_the_sample_they_belong_to(browser, tmp_path)
     assert not browser.errors
 
 
+RED_PNG = (  # 4 x 4 pixels
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAQAAAAECAIAAAAmkwkpAAAAFElEQVR4nGM8ISfHAAN"
+    "MDEgANwcANHYBDK9qubUAAAAASUVORK5CYII="
+)
+SVG = "data:image/svg+xml;base64,PHN2Zz48c2NyaXB0PndpbmRvdy5fX3hzcz0xPC9zY3JpcHQ+PC9zdmc+"
+
+
+@needs_browser
+def test_a_tool_results_images_are_shown_raster_only(browser, tmp_path):
+    """A tool message's images (`content_blocks`) show under the page's policy; an SVG one,
+    which could carry a script, is not shown at all."""
+    blocks = [
+        {"type": "text", "text": "the board:"},
+        {"type": "image", "image": RED_PNG},
+        {"type": "image", "image": SVG},
+    ]
+    trajectory = Trajectory([Sample([1, 2, 3], [4, 5], [1, 1], [-0.5, -0.5])])
+    trajectory.messages = [
+        {"role": "user", "content": "look"},
+        {"role": "tool", "name": "look", "content": "the board:", "content_blocks": blocks},
+    ]
+    path = tmp_path / "samples.jsonl"
+    save_jsonl([trajectory], path)
+    with start(path) as viewer:
+        browser.goto(viewer.url, ready=READY)
+        open_view(browser, "#episode=samples.jsonl:0", "episode=samples.jsonl:0")
+        browser.wait_for("[...document.querySelectorAll('img.tool-image')].every(i => i.complete)")
+        shown = js(
+            browser,
+            "[...document.querySelectorAll('img.tool-image')].map(i => [i.src, i.naturalWidth])",
+        )
+    assert shown == [[RED_PNG, 4]]  # loaded (the policy allows data: images), and no SVG
+    assert not js(browser, "window.__xss || 0") and not browser.errors
+
+
 # -- hostile text, huge curves, a slow tokenizer ---------------------------------------------------
 HOSTILE = '<img src=x onerror="window.__xss=1"> <script>window.__xss=1</script>'
 LOGGED_STEPS = 150_000  # past what Math.min(...values) can spread

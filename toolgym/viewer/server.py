@@ -47,7 +47,10 @@ CONTENT_TYPES = {
 TOKEN_FIELDS = ("samples", "prompt_ids", "completion_ids", "loss_mask", "logprobs", "turns")
 """Left out of the episode JSON (the token view decodes the last sample instead)."""
 SECURITY_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; base-uri 'none'",
+    # data: images: a tool result's pictures (raster only; see app.js), never scripts
+    "Content-Security-Policy": (
+        "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'"
+    ),
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",

@@ -583,12 +583,23 @@ function conversation(messages) {
       parts.push(el("details", { class: "reasoning" }, [el("summary", { text: "reasoning" }), el("pre", { text: message.reasoning_content })]));
     }
     if (content) parts.push(el("div", { class: "content", text: content }));
+    for (const image of toolImages(message)) parts.push(el("img", { class: "tool-image", src: image, alt: "an image the tool returned" }));
     for (const call of calls) parts.push(toolCall(call));
     if (message.raw_content !== undefined && message.raw_content !== content) {
       parts.push(el("details", { class: "raw" }, [el("summary", { text: "raw text" }), el("pre", { text: message.raw_content })]));
     }
     return el("div", { class: classes.join(" "), dataset: { role: message.role } }, parts);
   });
+}
+
+// A tool result's images (content_blocks, data URLs): raster formats only, so that nothing a
+// model or tool wrote is ever read as SVG.
+const RASTER_IMAGE = /^data:image\/(png|jpeg|gif|webp);base64,[A-Za-z0-9+/=]+$/;
+function toolImages(message) {
+  const blocks = Array.isArray(message.content_blocks) ? message.content_blocks : [];
+  return blocks
+    .filter((b) => b && b.type === "image" && typeof b.image === "string" && RASTER_IMAGE.test(b.image))
+    .map((b) => b.image);
 }
 
 function toolCall(call) {

@@ -74,7 +74,8 @@ def decode_image(url: str) -> Any:
     from PIL import Image
 
     data = base64.b64decode(url.split(",", 1)[1], validate=True)
-    image = Image.open(io.BytesIO(data))
+    # raster formats only: PIL would hand others (EPS: Ghostscript) to outside programs
+    image = Image.open(io.BytesIO(data), formats=["PNG", "JPEG", "WEBP", "GIF"])
     if image.width * image.height > MAX_IMAGE_PIXELS:
         raise VisionError(f"an image of {image.width} x {image.height} is too large to decode")
     return image.convert("RGB")

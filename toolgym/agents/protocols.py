@@ -8,6 +8,7 @@ when it declares `inline_markers`, else with `chat_rollout`, unless a `rollout_f
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from toolgym.agents.custom import EpisodeEnd, RolloutContext, assistant_message
@@ -51,7 +52,8 @@ async def chat_rollout(ctx: RolloutContext, env: Any) -> Trajectory:
             ctx.observe_ids(trajectory, [renderer.end_of_turn_id])  # it stopped on EOS
         try:
             suffix = renderer.tool_suffix_ids(step.messages, tools, stopped_on_call_end)
-            suffix = ctx.vision.expand(suffix, images) if images else suffix
+            if ctx.vision is not None:  # one placeholder per image (none in tool text)
+                suffix = await asyncio.to_thread(ctx.vision.expand, suffix, images)
         except Exception as error:
             raise EpisodeEnd("env_error", f"the chat template cannot render: {error}") from error
         ctx.observe_ids(trajectory, suffix)

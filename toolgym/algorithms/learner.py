@@ -70,6 +70,7 @@ class Learner:
         vision: VisionInputs | None = None,
     ):
         self.args, self.accelerator, self.pad_id, self.vision = args, accelerator, pad_id, vision
+        refuse_images_across_processes(vision, accelerator.num_processes)
         if accelerator.num_processes > 1:  # a rank whose launcher is gone ends itself
             watch_launcher(accelerator.process_index)
         self.sharded = fsdp_requested() and accelerator.num_processes > 1
@@ -344,6 +345,16 @@ class Learner:
             self.optimizer,
             self.scheduler,
             rank=self.accelerator.process_index,
+        )
+
+
+def refuse_images_across_processes(vision: VisionInputs | None, processes: int) -> None:
+    """Images train in one process only for now: a process whose micro-batch shows none would
+    skip the vision tower's pass that DDP's and FSDP's gradient reductions wait for."""
+    if vision is not None and processes > 1:
+        raise ValueError(
+            "images in tool results are trained in one process only for now; launch one "
+            "process, or give the trainer a tokenizer instead of a processor"
         )
 
 

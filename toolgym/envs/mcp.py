@@ -36,6 +36,7 @@ hold it; a stdio server is a process of its own already: sandbox it by wrapping 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -391,14 +392,16 @@ def result_blocks(result: Any) -> list[dict[str, str]] | None:
     content = list(result.content or ())
     if not any(getattr(block, "type", "") == "image" for block in content):
         return None
-    return image_blocks(
-        [
-            {"type": "image", "data": block.data, "mimeType": block.mime_type}
-            if block.type == "image"
-            else {"type": "text", "text": _block_text(block)}
-            for block in content
-        ]
-    )
+    with contextlib.suppress(TypeError, ValueError):  # unreadable: the placeholder text only
+        return image_blocks(
+            [
+                {"type": "image", "data": block.data, "mimeType": block.mime_type}
+                if block.type == "image"
+                else {"type": "text", "text": _block_text(block)}
+                for block in content
+            ]
+        )
+    return None
 
 
 def _block_text(block: Any) -> str:

@@ -99,8 +99,9 @@ def call_result(call: ToolCall, observation: Mapping[str, Any]) -> ToolResult:
         return ToolResult(call, message, FAILURES.get(kind, "tool_error"))
     result = observation.get("result")
     if isinstance(result, Mapping) and isinstance(result.get("content"), list):
-        blocks = image_blocks([_block(block) for block in result["content"]])
-        if blocks is not None and not (result.get("is_error") or result.get("isError")):
+        failed = result.get("is_error") or result.get("isError")
+        blocks = None if failed else image_blocks([_block(b) for b in result["content"]])
+        if blocks is not None:
             return ToolResult(call, blocks_text(blocks), blocks=blocks)  # images: data URLs
         text = _content_text(result)
         if result.get("is_error") or result.get("isError"):

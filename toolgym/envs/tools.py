@@ -298,8 +298,8 @@ def render_result(value: Any) -> str:
     """Tool return value -> message content: strings as they are, a list of content blocks
     (TRL's and MCP's `[{"type": "text", "text": ...}, ...]`) as its texts joined by newlines,
     everything else as JSON; either way valid Unicode (see `valid_text`). A block of media
-    raises `UnrenderableResult` (environments' calls take images apart first: `image_blocks`;
-    MCP and OpenEnv results do not yet)."""
+    raises `UnrenderableResult` (tool calls and MCP results take images apart first:
+    `image_blocks`)."""
     if isinstance(value, str):
         return valid_text(value)
     if _is_content_blocks(value):
@@ -322,7 +322,7 @@ def render_result(value: Any) -> str:
 
 IMAGE_TYPES = frozenset({"image", "image_url", "input_image"})
 MAX_IMAGE_BYTES = 8 * 2**20
-"""The largest encoded image a tool result may carry."""
+"""The most encoded image bytes one tool result may carry (a sandbox's reply holds them)."""
 
 
 def image_blocks(value: Any) -> list[dict[str, str]] | None:
@@ -344,6 +344,8 @@ def image_blocks(value: Any) -> list[dict[str, str]] | None:
             raise UnrenderableResult(
                 f"the tool returned {kind!r} content: toolgym renders text and images only"
             )
+    if sum(len(b.get("image", "")) for b in blocks) > MAX_IMAGE_BYTES * 4 // 3:
+        raise TypeError(f"a tool result's images are over {MAX_IMAGE_BYTES // 2**20} MiB")
     return blocks
 
 
@@ -369,9 +371,9 @@ def image_data_url(block: dict[str, Any]) -> str:
         image = f"data:{mime};base64,{image}"
     if not isinstance(image, str) or not image.startswith("data:image/") or "," not in image:
         raise TypeError(f"cannot read the image of a {block['type']!r} block")
-    base64.b64decode(image.split(",", 1)[1], validate=True)  # binascii.Error: a ValueError
     if len(image) > MAX_IMAGE_BYTES * 4 // 3:
-        raise TypeError(f"an image is over {MAX_IMAGE_BYTES // 2**20} MiB")
+        raise TypeError(f"a tool result's images are over {MAX_IMAGE_BYTES // 2**20} MiB")
+    base64.b64decode(image.split(",", 1)[1], validate=True)  # binascii.Error: a ValueError
     return image
 
 

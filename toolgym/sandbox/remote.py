@@ -277,7 +277,14 @@ class RemoteExecutor(Executor):
 
     def run(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
         value = self._model_request("call", name=call.name, arguments=arguments)
-        blocks = checked_blocks(value["blocks"]) if value.get("blocks") else None  # forgeable
+        try:  # the worker's process may be the model's by now
+            blocks = checked_blocks(value["blocks"]) if value.get("blocks") else None
+        except ValueError as error:
+            if self.channel is not None:
+                self.channel.kill()
+            forged = SandboxError(f"{error}; worker killed")
+            forged.model_caused = True
+            raise forged from None
         return ToolResult(call, value["content"], value["failure"], blocks=blocks)
 
     def _model_request(self, op: str, **fields: Any) -> Any:

@@ -87,6 +87,9 @@ class HFEngine:
             pad_token_id=self.pad_id,
             output_scores=True,
             return_dict_in_generate=True,
+            # a model that sees images never writes its image placeholder (it would stand for
+            # an image that is not there)
+            suppress_tokens=[self.vision.image_token_id] if self.vision is not None else None,
         )
         stops = sampling.stop_strings
         images = requests[0].images

@@ -331,10 +331,30 @@ def test_an_image_processor_of_another_kind_is_named():
     assert VisionInputs.of(tiny_tokenizer(), model) is None  # a plain tokenizer: text only
 
 
-def test_images_in_one_sample_per_turn_episodes_are_refused_by_name():
-    from toolgym.agents.images import unseen_images
-
-    assert "one sample per turn" in unseen_images(per_turn=True)
+def test_one_sample_per_turn_episodes_show_every_image_so_far(vision_model):
+    """With a template built one sample per turn, each turn's prompt is the template's own
+    rendering of the conversation: every image so far, each placeholder widened; the turn's
+    sample keeps those images, and the update trains on them."""
+    model, processor = vision_model
+    tokenizer, vision = processor.tokenizer, VisionInputs.of(processor, model)
+    reply = tokenizer.encode(CALL, add_special_tokens=False)
+    agent = Agent(
+        ScriptedEngine([reply]), tokenizer, per_turn=True, limits=AgentLimits(max_turns=3)
+    )
+    agent.vision = vision
+    trajectory = _play(agent)
+    assert [len(sample.images) for sample in trajectory.samples] == [0, 1, 2]
+    for sample in trajectory.samples:
+        assert sample.prompt_ids.count(vision.image_token_id) == 6 * len(sample.images)
+        assert vision.image_token_id not in sample.completion_ids  # no turn of its own adds one
+    config = GRPOConfig(output_dir="unused", micro_batch_size=3, learning_rate=1e-2)
+    policy = type(model)(model.config).eval()
+    policy.load_state_dict(model.state_dict())
+    learner = Learner(policy, config, _accelerator(), tokenizer.pad_token_id, vision)
+    before = {n: p.detach().clone() for n, p in policy.named_parameters() if "visual" in n}
+    learner.update([trajectory], torch.tensor([1.0]), torch.ones(1, dtype=torch.bool), 1)
+    after = dict(policy.named_parameters())
+    assert any(not torch.equal(after[n], was) for n, was in before.items()), "vision unchanged"
 
 
 def test_a_trainer_given_a_processor_wires_its_image_side_everywhere(vision_model, tmp_path):

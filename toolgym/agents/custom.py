@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from toolgym.agents.engines.base import Completion
+from toolgym.agents.images import tool_images
 from toolgym.agents.inline import observation_ids
 from toolgym.agents.parsers import ParsedMessage, type_arguments
 from toolgym.agents.trajectory import Sample, Status, Trajectory
@@ -160,12 +161,16 @@ class RolloutContext:
 
     def next_turn(self, trajectory: Trajectory, tools: list[dict[str, Any]] | None = None) -> None:
         """Start the trajectory's next sample (one sample per turn): its prompt is the
-        template's rendering of the conversation so far (`trajectory.messages`)."""
+        template's rendering of the conversation so far (`trajectory.messages`), with every
+        tool result's image in it where the model sees images."""
+        images = tool_images(trajectory.messages) if self.vision is not None else []
         try:
             prompt_ids = self.renderer.prompt_ids(trajectory.messages, tools or [])
+            if self.vision is not None:  # one placeholder per image so far, widened
+                prompt_ids = self.vision.expand(prompt_ids, images)
         except Exception as error:
             raise EpisodeEnd("env_error", f"the chat template cannot render: {error}") from error
-        trajectory.samples.append(Sample(prompt_ids))
+        trajectory.samples.append(Sample(prompt_ids, images=images))
 
     async def generate(
         self, trajectory: Trajectory, stop_strings: list[str] | None = None

@@ -42,13 +42,8 @@ def tool_images(messages: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-def unseen_images(per_turn: bool) -> str:
+def unseen_images() -> str:
     """Why a tool result's images cannot reach the model (the episode ends `env_error`)."""
-    if per_turn:
-        return (
-            "a tool returned an image, but this chat template builds episodes one sample per "
-            "turn, where toolgym renders text only; images need a prefix-preserving template"
-        )
     return (
         "a tool returned an image, but this agent renders tool results as text: give the "
         "model's processor (with its image processor) as the tokenizer and generate with the "

@@ -43,10 +43,10 @@ async def chat_rollout(ctx: RolloutContext, env: Any) -> Trajectory:
         if step.truncated:
             raise EpisodeEnd("max_turns")
         images = tool_images(step.messages)
-        if images and (ctx.vision is None or renderer.per_turn):
-            raise EpisodeEnd("env_error", UnrenderableResult(unseen_images(renderer.per_turn)))
+        if images and ctx.vision is None:
+            raise EpisodeEnd("env_error", UnrenderableResult(unseen_images()))
         if renderer.per_turn:
-            continue  # the next turn's prompt is the template's rendering of it all
+            continue  # the next turn's prompt is the template's rendering of it all (images too)
         stopped_on_call_end = generation.last_token == renderer.call_end_id
         if generation.last_token != renderer.end_of_turn_id and not stopped_on_call_end:
             ctx.observe_ids(trajectory, [renderer.end_of_turn_id])  # it stopped on EOS

@@ -92,11 +92,8 @@ class VisionInputs:
                 f"{type(image_processor).__name__}: toolgym renders images for Qwen-VL family "
                 "image processors only (a patch grid and merge_size)"
             )
-        self.image_processor, self.image_token_id, self.merge = (
-            image_processor,
-            image_token_id,
-            merge,
-        )
+        self.image_processor, self.image_token_id = image_processor, image_token_id
+        self.merge = merge
 
     @classmethod
     def of(cls, processor: Any, model: Any) -> VisionInputs | None:
@@ -158,11 +155,9 @@ def images_bound(
 
     def add_pixels(module: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         ids = kwargs.get("input_ids")
-        return (
-            (args, {**kwargs, **extra})
-            if ids is not None and ids.shape == input_ids.shape
-            else None
-        )
+        if ids is None or ids.shape != input_ids.shape:
+            return None  # another call (a probe of a few tokens): as it is
+        return args, {**kwargs, **extra}
 
     inner = model
     while hasattr(inner, "module"):  # accelerate's and DDP's wrappers

@@ -40,10 +40,10 @@ from toolgym.envs.calls import (
 )
 from toolgym.envs.inline import InlineStep
 from toolgym.envs.stepping import Steppable, Stepper, as_environment, failure_status
+from toolgym.envs.tools import valid_text
 
 if TYPE_CHECKING:
     from toolgym.agents.images import VisionInputs
-from toolgym.envs.tools import valid_text
 
 Row = dict[str, Any]
 T = TypeVar("T")

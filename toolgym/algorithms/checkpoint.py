@@ -75,8 +75,8 @@ def load_checkpoint(
     for shard in sorted(folder.glob("*.safetensors")):
         state.update(load_file(shard))
     optimizer_state = torch.load(folder / "optimizer.pt", weights_only=True)
+    _load_weights(model, state)
     if is_sharded(model):  # full tensors into every process's slices
-        load_full_weights(model, state)
         load_full_optimizer_state(model, optimizer, optimizer_state)
     else:
         if any(isinstance(key, str) for key in optimizer_state.get("state", {})):
@@ -84,7 +84,6 @@ def load_checkpoint(
                 f"{folder}'s optimizer state was saved by an FSDP run (keyed by parameter "
                 "name); resume it with FSDP"
             )
-        _load_weights(model, state)
         optimizer.load_state_dict(optimizer_state)
     scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
     rng_file = folder / f"rng-{rank}.pt"
@@ -113,7 +112,10 @@ def _load_weights(model: Any, state: dict[str, torch.Tensor]) -> None:
 
         set_peft_model_state_dict(model, state)
         return
-    missing, unexpected = model.load_state_dict(state, strict=False)
+    if is_sharded(model):  # full tensors into every process's slices
+        missing, unexpected = load_full_weights(model, state)
+    else:
+        missing, unexpected = model.load_state_dict(state, strict=False)
     tied = {k for k in missing if k.endswith("lm_head.weight")}
     if set(missing) - tied or unexpected:
         raise ValueError(

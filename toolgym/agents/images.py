@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import io
 from collections.abc import Iterator
 from typing import Any
@@ -87,13 +88,17 @@ class VisionInputs:
 
     def __init__(self, image_processor: Any, image_token_id: int) -> None:
         merge = getattr(image_processor, "merge_size", None)
-        if not isinstance(merge, int):
+        if not isinstance(merge, int) or not hasattr(
+            image_processor, "get_number_of_image_patches"
+        ):
             raise VisionError(
                 f"{type(image_processor).__name__}: toolgym renders images for Qwen-VL family "
                 "image processors only (a patch grid and merge_size)"
             )
         self.image_processor, self.image_token_id = image_processor, image_token_id
         self.merge = merge
+        # an update reads a micro-batch's pixels two or three times (old, reference, new)
+        self._processed = functools.lru_cache(maxsize=4)(self._process)
 
     @classmethod
     def of(cls, processor: Any, model: Any) -> VisionInputs | None:
@@ -108,6 +113,9 @@ class VisionInputs:
         return cls(processor.image_processor, int(token))
 
     def _pixels(self, images: list[str]) -> dict[str, torch.Tensor]:
+        return self._processed(tuple(images))
+
+    def _process(self, images: tuple[str, ...]) -> dict[str, torch.Tensor]:
         decoded = [decode_image(url) for url in images]
         return dict(self.image_processor(images=decoded, return_tensors="pt"))
 
@@ -128,15 +136,18 @@ class VisionInputs:
         return expanded
 
     def _token_counts(self, images: list[str]) -> list[int]:
-        grids = self._pixels(images)["image_grid_thw"]
-        return [int(grid.prod()) // self.merge**2 for grid in grids]
+        """Each image's tokens from its size alone (its pixels are processed where the model
+        runs on them)."""
+        count = self.image_processor.get_number_of_image_patches
+        sizes = [decode_image(url).size for url in images]
+        return [count(height, width, {}) // self.merge**2 for width, height in sizes]
 
     def model_inputs(self, input_ids: torch.Tensor, images: list[str]) -> dict[str, Any]:
         """What the model's forward takes besides `input_ids` for rows holding `images` (in
         row order): pixel values, the patch grids and the token types of its position ids."""
         if not images:
             return {}
-        inputs = self._pixels(images)
+        inputs = dict(self._pixels(images))  # (a copy: the processed pixels are cached)
         inputs["mm_token_type_ids"] = (input_ids == self.image_token_id).long()
         return {k: v.to(input_ids.device) for k, v in inputs.items()}
 

@@ -381,3 +381,14 @@ def test_a_trainer_given_a_processor_wires_its_image_side_everywhere(vision_mode
     assert trainer.vision is trainer.engine.vision is trainer.agent.vision is trainer.learner.vision
     assert trainer.vision.image_token_id == model.config.image_token_id
     assert len(trainer.train()) == 1
+
+
+def test_a_processor_with_a_vllm_engine_is_refused_naming_the_way_out(vision_model, tmp_path):
+    """vLLM engines are given token ids only: a processor with one is refused at start."""
+    from toolgym.algorithms import GRPOTrainer
+
+    model, processor = vision_model
+    for engine in ("vllm", "vllm-server"):
+        config = GRPOConfig(output_dir=str(tmp_path), engine=engine, progress_bar=False)
+        with pytest.raises(ValueError, match=r"engine='hf' only.*processor.tokenizer"):
+            GRPOTrainer(model, Screens, [{"prompt": "Look."}], args=config, tokenizer=processor)

@@ -35,6 +35,12 @@ def make_engine(
     """The engine `args.engine` names, sampling with `policy`'s weights; a vLLM engine's KV
     cache on the CPU holds a step's episodes (or an evaluation's rows) at their longest; the
     transformers engine takes images with `vision` (`toolgym.agents.images`)."""
+    if vision is not None and args.engine != "hf":
+        raise ValueError(
+            f"engine={args.engine!r} cannot show the images of tool results: a processor "
+            "(tokenizer=processor) samples with engine='hf' only for now; to train this model "
+            "on text alone with vLLM, pass the processor's tokenizer (processor.tokenizer)"
+        )
     if args.engine == "hf":
         from toolgym.agents.engines.hf import HFEngine
 

@@ -11,7 +11,8 @@ bench/trl_peer.py), its backward and the optimizer step. Each arm and
 length runs in a fresh process, so peak memory is that arm's alone: on CPU the growth of the
 process's peak resident set over the steps (`ru_maxrss` after them minus the resident set
 before the first, so Adam's state counts in both arms), on CUDA the growth of
-`torch.cuda.max_memory_allocated` likewise.
+`torch.cuda.max_memory_allocated` likewise. Neither arm recomputes activations unless
+`--gradient-checkpointing` turns it on in both (TRL's configured default).
 
     python bench/train_step.py                                   # CPU, small Qwen2 shape
     python bench/train_step.py --preset qwen2.5-0.5b --dtype bfloat16 --completions 1024,4096
@@ -160,6 +161,7 @@ def toolgym_step(model, data, args) -> callable:
         loss_impl=args.loss_impl,
         share_prefix=False if args.no_share_prefix else None,  # None: the default
         compile_model={"auto": None, "on": True, "off": False}[args.compile_model],
+        gradient_checkpointing=args.gradient_checkpointing,
         progress_bar=False,
     )
     rows = [{"answer": "crane"}]
@@ -205,6 +207,10 @@ def trl_step(model, data, args) -> callable:
         processing_class=tiny_tokenizer(),
     )
     trainer.create_optimizer()
+    if args.gradient_checkpointing:  # what Trainer.train does with TRL's default config
+        trainer.model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs=config.gradient_checkpointing_kwargs
+        )
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop, which we bypass
     device = trainer.accelerator.device
     ones = torch.ones_like
@@ -279,7 +285,7 @@ def run_arm(args, arm: str, completion: int) -> dict:
     for name in ("preset", "dtype", "device", "batch", "prompt", "repeats", "chunk", "loss_impl"):
         command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     command += ["--compile-model", args.compile_model]
-    for flag in ("shared_prompt", "no_share_prefix"):
+    for flag in ("shared_prompt", "no_share_prefix", "gradient_checkpointing"):
         command += [f"--{flag.replace('_', '-')}"] if getattr(args, flag) else []
     return run_json(command)
 
@@ -319,6 +325,12 @@ def main() -> None:
     parser.add_argument(
         "--no-share-prefix", action="store_true", help="toolgym: GRPOConfig.share_prefix=False"
     )
+    parser.add_argument(
+        "--gradient-checkpointing",
+        action="store_true",
+        help="both arms recompute each layer's activations in the backward pass (TRL's "
+        "GRPOConfig default, which its Trainer.train turns on; toolgym's flagship runs so)",
+    )
     parser.add_argument("--no-peer", action="store_true", help="toolgym only")
     parser.add_argument("--arm", choices=["toolgym", "trl"], help=argparse.SUPPRESS)
     parser.add_argument("--completion", type=int, help=argparse.SUPPRESS)
@@ -334,6 +346,7 @@ def main() -> None:
     print(
         f"{model}, {args.dtype} on {args.device}, loss_impl {args.loss_impl}, compile_model "
         f"{args.compile_model}, share_prefix {'off' if args.no_share_prefix else 'auto'}, "
+        f"gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}, "
         f"batch {args.batch} x ({'one shared ' if args.shared_prompt else ''}prompt "
         f"{args.prompt} + completion), "
         f"median of {args.repeats}",

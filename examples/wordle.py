@@ -260,6 +260,14 @@ def build_parser() -> argparse.ArgumentParser:
         "demonstrations, GRPO and the evaluations alike",
     )
     parser.add_argument(
+        "--spelled",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="the expert's demonstrations spell each guess in capitals, letter by letter "
+        '("T R A C E"), as the feedback writes letters, so the model can copy known letters '
+        "spot by spot (Wordle(spelled=True))",
+    )
+    parser.add_argument(
         "--bf16",
         action=argparse.BooleanOptionalAction,
         default=fast_bf16(),
@@ -358,6 +366,7 @@ def main() -> None:
             "guess_reward": args.guess_reward,
             "guess_floor": args.guess_floor,
             "known_letters": args.known_letters,
+            "spelled": args.spelled,
         },
     )
     plans: dict[str, BudgetPlan] = {}

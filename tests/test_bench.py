@@ -32,6 +32,7 @@ def test_train_step_bench_measures_one_toolgym_update(monkeypatch):
         compile_model="off",
         shared_prompt=True,  # one GRPO group: the update shares the prompt on this CPU
         no_share_prefix=False,
+        gradient_checkpointing=True,
     )
     result = train_step.measure(args)
     assert result["seconds"] > 0 and math.isfinite(result["tokens_per_s"])

@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from toolgym.envs.calls import ToolError
 from toolgym.envs.wordle import (
     Wordle,
     WordleExpert,
@@ -79,6 +80,21 @@ def test_the_option_is_off_by_default_and_adds_the_line_when_on() -> None:
     )
     assert text.endswith("5 guesses left.")
     assert "Known so far" not in helped.guess("crane")  # a win needs no summary
+
+
+def test_spelled_demonstrations_write_letters_as_the_feedback_does() -> None:
+    plain, spelled = Wordle(), Wordle(spelled=True)
+    for env in (plain, spelled):
+        env.reset(answer="crane")
+    words = [turn[0].arguments["word"] for turn in plain.demonstration()]
+    letters = [turn[0].arguments["word"] for turn in spelled.demonstration()]
+    assert letters == [" ".join(word.upper()) for word in words]
+    assert letters[-1] == "C R A N E"
+    # the tool reads the spelled form with or without the option, as the same word
+    assert plain.guess("S T A R E").startswith("Guess 1/6: S(gray) T(gray) A(green)")
+    assert plain.history == [("stare", "--GYG")]
+    with pytest.raises(ToolError, match="not in the word list"):
+        plain.guess("Q Z X W V")
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

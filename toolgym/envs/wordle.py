@@ -139,6 +139,10 @@ class Wordle(Environment):
             (`known_letters()`: greens by position, letters elsewhere and where they are not,
             letters ruled out), so the colours of earlier turns need not be re-read. Off by
             default: the plain game.
+        spelled: The expert's demonstrations write each guess letter by letter in capitals,
+            as the feedback writes letters (`"T R A C E"`), so a model whose tokens are
+            whole words can copy the known letters spot by spot. The tool reads a word
+            spelled so with or without this option.
     """
 
     def __init__(
@@ -149,6 +153,7 @@ class Wordle(Environment):
         guess_reward: float = 0.0,
         known_letters: bool = False,
         guess_floor: bool = False,
+        spelled: bool = False,
     ) -> None:
         if not 0.0 <= shaping < 1.0:
             raise ValueError(f"shaping must be in [0, 1), got {shaping}")
@@ -163,6 +168,7 @@ class Wordle(Environment):
         self.guess_reward = guess_reward
         self.guess_floor = guess_floor
         self.known_letters = known_letters
+        self.spelled = spelled
         self.answer = ""
         self.history: list[tuple[str, str]] = []
         self.guess_credit = 0.0
@@ -183,9 +189,9 @@ class Wordle(Environment):
         """Guess the secret word and get a colour for each letter.
 
         Args:
-            word: A five-letter English word.
+            word: A five-letter English word (its letters may be separated by spaces).
         """
-        word = word.strip().lower()
+        word = "".join(word.split()).lower()
         if len(word) != WORD_LENGTH or not word.isalpha():
             self._credit(-self.guess_reward)
             raise ToolError(f"{word!r} is not a five-letter word; this did not use a guess.")
@@ -237,7 +243,9 @@ class Wordle(Environment):
         expert, history, turns = _expert(), list(self.history), []
         while len(history) < self.max_guesses:
             word = expert.next_guess(history)
-            turns.append([ToolCall("guess", {"word": word})])
+            turns.append(
+                [ToolCall("guess", {"word": " ".join(word.upper()) if self.spelled else word})]
+            )
             history.append((word, feedback(word, self.answer)))
             if word == self.answer:
                 break

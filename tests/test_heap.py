@@ -37,7 +37,12 @@ libc.free(block)
 """
 
 
-@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt only")
+def glibc_at_least(major: int, minor: int) -> bool:
+    name, version = platform.libc_ver()
+    return name == "glibc" and tuple(map(int, version.split(".")[:2])) >= (major, minor)
+
+
+@pytest.mark.skipif(not glibc_at_least(2, 33), reason="glibc's mallopt and mallinfo2 only")
 @pytest.mark.parametrize(("threshold", "mapped"), [("glibc's", "0"), ("fixed", "1")])
 def test_a_fixed_threshold_maps_large_blocks_after_a_larger_free(threshold, mapped):
     """glibc serves 6 MiB from its heap once a 24 MiB block was freed; a fixed 4 MiB

@@ -46,6 +46,7 @@ from toolgym.algorithms import (
     training_samples,
 )
 from toolgym.algorithms.budget import BudgetPlan, BudgetRequest, Speeds, plan_budget
+from toolgym.algorithms.heap import map_large_allocations
 from toolgym.algorithms.tracking import plot_rewards
 from toolgym.algorithms.warmup_cache import warmup_key
 from toolgym.envs.wordle import WordleExpert
@@ -92,6 +93,7 @@ def config_from(args: argparse.Namespace) -> GRPOConfig:
         # 256 positions of logits at a time: 0.37 GB less peak than 1024, same step time
         # (SmolLM2, micro-batches of 4, measured 2026-11-26)
         logprob_chunk_size=256,
+        kv_cache_tokens=args.kv_cache_tokens or None,
         share_prefix=args.share_prefix,
         loss_impl=args.loss_impl,
         bf16=args.bf16,
@@ -307,6 +309,24 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="play the next step's rollouts during this step's update (vllm engines only)",
     )
+    parser.add_argument(
+        "--kv-cache-tokens",
+        type=int,
+        default=16_384,
+        help="the vLLM engine's KV cache (0: GRPOConfig's default, room for 32 evaluation games "
+        "at the full 600-token budget plus 256 prompt tokens each: 27,392 tokens, 1.26 GB); "
+        "the prompt is the same in every game, which vLLM's prefix cache holds once, "
+        "and games average fewer tokens than the budget; a fuller cache queues requests",
+    )
+    parser.add_argument(
+        "--mmap-threshold-mib",
+        type=int,
+        default=4,
+        help="glibc serves allocations of this many MiB or more with their own mappings "
+        "(toolgym.algorithms.heap.map_large_allocations; 0: glibc's moving threshold): with "
+        "it and --kv-cache-tokens the default run peaked at 8.00 GB instead of 9.10, its "
+        "update 26%% slower (docs/training.md)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-dir", default="runs/wordle")
     parser.add_argument(
@@ -353,6 +373,8 @@ def main() -> None:
         args.time_budget = 0 if args.time_budget is None else args.time_budget
     if args.time_budget is None:
         args.time_budget = 30 * 60.0
+    if args.mmap_threshold_mib:
+        map_large_allocations(args.mmap_threshold_mib << 20)
     started = time.perf_counter()
     train_rows, warmup_rows, eval_rows = datasets(args)
     trainer = GRPOTrainer(
@@ -447,6 +469,7 @@ def sft_config(args: argparse.Namespace) -> SFTConfig:
         epochs=args.warmup_epochs,
         batch_size=8,
         micro_batch_size=2,
+        logprob_chunk_size=256,  # as the update's: less peak, the same losses
         bf16=args.bf16,
     )
 

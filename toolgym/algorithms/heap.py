@@ -26,17 +26,11 @@ from collections.abc import Callable
 
 
 @functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
+def _libc_function(name: str) -> Callable[..., int] | None:
+    """The C library's function `name`, or None where it has none (`malloc_trim` and
+    `mallopt` are glibc's: not on macOS; musl has no `malloc_trim`)."""
     try:
-        return ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim
-        return None
-
-
-@functools.cache
-def _mallopt() -> Callable[[int, int], int] | None:
-    try:
-        return ctypes.CDLL(None).mallopt
+        return getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
         return None
 
@@ -49,13 +43,13 @@ def map_large_allocations(threshold_bytes: int) -> bool:
     returned to the system when freed (glibc's `mallopt(M_MMAP_THRESHOLD)`, for the whole
     process; glibc's own threshold then stays fixed). Whether it took effect: False where
     glibc is not the allocator."""
-    mallopt = _mallopt()
+    mallopt = _libc_function("mallopt")
     return mallopt is not None and mallopt(_M_MMAP_THRESHOLD, threshold_bytes) == 1
 
 
 def return_freed_memory() -> bool:
     """Give the heap's free pages back to the system; whether glibc's `malloc_trim` ran."""
-    trim = _malloc_trim()
+    trim = _libc_function("malloc_trim")
     if trim is None:
         return False
     trim(0)

@@ -371,7 +371,9 @@ def test_warmup_cache_loads_the_same_weights_and_a_changed_setting_misses(tokeni
     losses = first.warmup(demos, SFTConfig(batch_size=2), cache_dir=cache)
     assert first.warmup_cached_from is None and "warm-up" in first.stages.records
     second = trainer(tmp_path / "b")  # settings of memory, not of the result: loaded
-    memory_only = SFTConfig(batch_size=2, micro_batch_size=1, logprob_chunk_size=8)
+    memory_only = SFTConfig(
+        batch_size=2, micro_batch_size=1, logprob_chunk_size=8, share_prefix=False
+    )
     assert second.warmup(demos, memory_only, cache_dir=cache) == losses
     assert second.warmup_cached_from is not None and "warm-up" not in second.stages.records
     first_state, second_state = first.model.state_dict(), second.model.state_dict()
@@ -410,6 +412,31 @@ def test_warmup_micro_batches_accumulate_to_the_same_step(tokenizer, tmp_path):
         warmup_sft(model, demos, 0, SFTConfig(batch_size=6, micro_batch_size=size, epochs=3))
         for model, size in zip(models, (6, 2), strict=True)
     ]
+    assert runs[0] == pytest.approx(runs[1], rel=1e-4)
+    for p, q in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-5)
+
+
+def test_warmup_computes_the_shared_prompt_once_with_the_same_result(tokenizer, monkeypatch):
+    from toolgym.algorithms import demonstrations, losses, warmup_sft
+
+    demos = demonstrations(lambda: toolgym.make("Wordle-v0"), rows(6, seed=9), tokenizer)
+    shared_passes = []
+    plain_shared_forward = losses.shared_forward
+
+    def counted(*args, **kwargs):
+        shared_passes.append(args[-1])  # the prefix length
+        return plain_shared_forward(*args, **kwargs)
+
+    monkeypatch.setattr(losses, "shared_forward", counted)
+    models = [tiny_model(tokenizer, seed=1, hidden_size=64) for _ in range(2)]
+    runs = [
+        warmup_sft(model, demos, 0, SFTConfig(batch_size=6, micro_batch_size=3, share_prefix=on))
+        for model, on in zip(models, (True, False), strict=True)
+    ]
+    # after the one-time probe's, a shared pass per micro-batch of the first run only
+    assert [length > 100 for length in shared_passes[-2:]] == [True, True]
+    assert len(shared_passes) == 3
     assert runs[0] == pytest.approx(runs[1], rel=1e-4)
     for p, q in zip(models[0].parameters(), models[1].parameters(), strict=True):
         assert torch.allclose(p, q, atol=1e-5)

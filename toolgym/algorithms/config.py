@@ -293,6 +293,10 @@ class SFTConfig:
     """Tokens per chunk when computing logprobs."""
     compile_logprobs: bool | None = None
     """See `GRPOConfig.compile_logprobs` (None: on CUDA only)."""
+    share_prefix: bool | None = None
+    """Compute a pass's common prefix once (see `GRPOConfig.share_prefix`; None: on except
+    on CUDA devices). Demonstrations of one task share their prompt and often the expert's
+    first turn, so a pass of several costs little more than their own tokens."""
     bf16: bool = False
     """Run forward and backward passes under bfloat16 autocast (see `GRPOConfig.bf16`)."""
     seed: int = 0

@@ -27,6 +27,7 @@ from toolgym.algorithms.batch import collate, training_samples
 from toolgym.algorithms.config import SFTConfig
 from toolgym.algorithms.losses import compile_by_default, token_logprobs
 from toolgym.algorithms.optim import adamw
+from toolgym.algorithms.prefix_sharing import share_prefix_by_default
 from toolgym.envs.calls import close_all
 from toolgym.envs.stepping import as_environment
 
@@ -170,6 +171,7 @@ def _sft_step(model: Any, chosen: list[Trajectory], pad_id: int, config: SFTConf
                 batch.attention_mask,
                 config.logprob_chunk_size,
                 compiled=compile_by_default(config.compile_logprobs, device),
+                share_prefix=share_prefix_by_default(config.share_prefix, device),
             )
         loss = -(logprobs * batch.loss_mask[:, 1:]).sum() / max(tokens, 1.0)
         loss.backward()

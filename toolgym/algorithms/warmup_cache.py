@@ -2,12 +2,13 @@
 
 The key hashes everything the warmed weights depend on: the starting weights (every tensor's
 bytes) and the model's configuration, the demonstrations' tokens and loss masks (sample by
-sample), the `SFTConfig` (less `micro_batch_size` and `logprob_chunk_size`, which change
-memory, not the result), the device type, and the torch and transformers versions. An entry
-is a folder named by the key holding the warmed weights (`model.safetensors`, tied weights
-handled) and the step losses (`losses.json`). It is written to a temporary folder and renamed;
-a run that finds the entry already there (another run stored the same result first) keeps that
-one, and an entry that cannot be read counts as a miss.
+sample), the `SFTConfig` (less `micro_batch_size`, `logprob_chunk_size` and `share_prefix`,
+which change memory and speed, not the result beyond rounding), the device type, and the
+torch and transformers versions. An entry is a folder named by the key holding the warmed
+weights (`model.safetensors`, tied weights handled) and the step losses (`losses.json`). It is
+written to a temporary folder and renamed; a run that finds the entry already there (another
+run stored the same result first) keeps that one, and an entry that cannot be read counts as a
+miss.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def warmup_key(model: Any, demos: Sequence[Trajectory], config: SFTConfig) -> st
     settings = dataclasses.asdict(config)
     settings.pop("micro_batch_size")
     settings.pop("logprob_chunk_size")
+    settings.pop("share_prefix")
     header = {
         "format": FORMAT,
         "torch": torch.__version__,

@@ -62,7 +62,8 @@ async def openai_agent(base_url: str, api_key: str, row: dict, env) -> float | N
 def parser() -> argparse.ArgumentParser:
     parser = build_parser()
     parser.description = __doc__
-    parser.set_defaults(output_dir="runs/harness")
+    # on-policy, as measured (the Wordle example's pipelining is untried with agent programs)
+    parser.set_defaults(output_dir="runs/harness", max_staleness=0)
     return parser
 
 

@@ -1,11 +1,41 @@
-"""Fixtures for every test."""
+"""Fixtures for every test, and the suite's own empty caches."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 
 import pytest
+
+_CACHE_VARIABLES = (
+    "TOOLGYM_CACHE",
+    "XDG_CACHE_HOME",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "TRITON_CACHE_DIR",
+)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Every run starts from empty caches, as on a fresh machine: toolgym's (the converted
+    embedded model, warm-up results), and through `XDG_CACHE_HOME` vLLM's, Hugging Face's and
+    the compilers'. Nothing the developer's machine holds in `~/.cache` reaches a test; a test
+    that needs a warm cache builds it. `TOOLGYM_TEST_CACHE=folder` keeps one between runs
+    (for local iteration only; CI never sets it)."""
+    kept = os.environ.get("TOOLGYM_TEST_CACHE")
+    root = kept or tempfile.mkdtemp(prefix="toolgym-test-cache-")
+    config._toolgym_cache_root = None if kept else root  # type: ignore[attr-defined]
+    for name in _CACHE_VARIABLES:
+        os.environ[name] = os.path.join(root, name.lower())
+    os.environ["HF_HUB_OFFLINE"] = "1"  # nothing downloads from a hub at run time
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    root = getattr(config, "_toolgym_cache_root", None)
+    if root:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

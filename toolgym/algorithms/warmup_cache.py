@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
@@ -25,6 +24,7 @@ from typing import Any
 
 import torch
 
+from toolgym.agents.models import cache_dir
 from toolgym.agents.trajectory import Trajectory
 from toolgym.algorithms.config import SFTConfig
 from toolgym.algorithms.stages import StageClock
@@ -33,11 +33,8 @@ FORMAT = 1
 
 
 def default_cache_dir() -> Path:
-    """`$TOOLGYM_CACHE`, else `$XDG_CACHE_HOME/toolgym`, else `~/.cache/toolgym`."""
-    if os.environ.get("TOOLGYM_CACHE"):
-        return Path(os.environ["TOOLGYM_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "toolgym"
+    """toolgym's cache folder (`toolgym.agents.models.cache_dir`)."""
+    return cache_dir()
 
 
 def warmup_key(model: Any, demos: Sequence[Trajectory], config: SFTConfig) -> str:

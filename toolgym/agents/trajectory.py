@@ -113,6 +113,8 @@ class Trajectory:
             `[{"sample": 0, "start": 0, "end": 21, "reward": 0.1, "in_reward": 1}]`.
         env_metrics: The environment's named figures of the episode besides its reward
             (`Environment.episode_metrics`, e.g. Wordle's `valid_guesses`), read when it ended.
+        extras: Values reward functions logged for this episode with TRL's `log_extra(column,
+            values)`, by column.
 
     `prompt_ids`, `completion_ids`, `loss_mask` and `logprobs` read the last sample's.
     """
@@ -127,6 +129,7 @@ class Trajectory:
     row: dict[str, Any] = field(default_factory=dict)
     step_rewards: list[dict[str, float]] = field(default_factory=list)
     env_metrics: dict[str, float] = field(default_factory=dict)
+    extras: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.samples or not all(isinstance(s, Sample) for s in self.samples):

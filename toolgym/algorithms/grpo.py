@@ -45,6 +45,7 @@ from toolgym.algorithms.stages import StageClock, StepBudget
 from toolgym.algorithms.tracking import (
     MetricsLog,
     Progress,
+    SignalWatch,
     merged_sources,
     plot_rewards,
     step_metrics,
@@ -130,6 +131,7 @@ class GRPOTrainer:
         self.budget = StepBudget(args.max_seconds, 0)
         self.warmup_cached_from: Path | None = None  # the entry the last warmup() loaded
         self.log = MetricsLog(self.output_dir, args.report_to, args.to_dict())
+        self._signal = SignalWatch(args.num_generations)  # says once if a step learned nothing
         check_pipelining(args, self.engine)
 
     # -- the loop ---------------------------------------------------------------------------
@@ -240,7 +242,9 @@ class GRPOTrainer:
             self._sync_engine()
         outcomes = self.learner.gather([outcome(t) for t in trajectories])
         sources = merged_sources(self.learner.gather([rollouts.sources]))
-        metrics = step_metrics(everyone, outcomes, sources, used, self.args)
+        logged = self.learner.gather([rollouts.reward_metrics])  # TRL's log_metric values
+        metrics = step_metrics(everyone, outcomes, sources, used, self.args, logged)
+        self._signal.check(self.step, metrics, self.accelerator.is_main_process)
         metrics.update(loss_stats | self._sync_figures)  # the sync's seconds and bytes
         metrics.update(
             rollout_seconds=rollouts.seconds,

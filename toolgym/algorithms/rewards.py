@@ -1,26 +1,62 @@
 """Rewards of finished episodes: the environment's own, reward functions, or both.
 
-A reward function is called once per batch as
+A reward function is called once per batch with keyword arguments, as TRL calls it:
 
-    f(prompts, completions, environments=..., trajectories=..., **columns) -> list[float | None]
+    f(prompts=..., completions=..., completion_ids=..., environments=..., trajectories=...,
+      trainer_state=..., log_extra=..., log_metric=..., **columns) -> list[float | None]
 
-where `prompts` are the rows' prompts, `completions` the messages each episode added after
-the prompt, and `columns` the other dataset columns as lists. It may be async. `None` means
-"no opinion" for that trajectory: the weighted sum is then taken over the sources that gave
-one (a trajectory no source scores gets 0).
+`prompts` are the rows' prompts, `completions` the messages each episode added after the
+prompt, `completion_ids` each episode's completion tokens (model and tool tokens, as TRL's),
+`environments` the episodes' environments (a plain class's own instances, as TRL passes them;
+see `_as_given`), `trajectories` toolgym's records,
+`trainer_state` a `transformers.TrainerState` (`global_step`, `max_steps`, `epoch`),
+`log_extra(column, values)` and `log_metric(name, value)` TRL's logging hooks, and `columns`
+the other dataset columns as lists. A function that takes no `**kwargs` gets only the
+arguments it names. It may be async. `None` (or NaN, as TRL reads it) means "no opinion" for
+that episode: the weighted sum is taken over the sources that gave a value (an episode no
+source scores gets 0, with a warning); any other value must be a finite number.
+
+Which sources score an episode (TRL's rule for TRL-shaped classes, so a reward is never
+counted twice):
+- a `toolgym.Environment` subclass, or an executor-backed environment (MCP, OpenEnv): its
+  own reward (`reward` / `get_reward()`) is a source beside the reward functions
+  (`GRPOConfig.env_reward=False` leaves it out);
+- a plain class (TRL's `environment_factory` shape): its `get_reward()` is a source where the
+  class defines one, as TRL adds it; a `reward` attribute is state a reward function may
+  read, never a source of its own, unless no reward function is given (then it is the reward,
+  where TRL would refuse to train).
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from toolgym.agents.trajectory import Trajectory
 from toolgym.envs.calls import run_coroutine
 
 RewardFunc = Callable[..., Any]
+_NOT_COLUMNS = ("prompt", "completion", "completion_ids")  # never passed as columns (TRL)
+
+
+@dataclass
+class RewardLogs:
+    """What reward functions logged in one batch through TRL's hooks."""
+
+    metrics: dict[str, list[float]] = field(default_factory=dict)
+    """`log_metric(name, value)` calls: every value by name (a step logs their mean)."""
+    extras: dict[str, list[Any]] = field(default_factory=dict)
+    """`log_extra(column, values)` calls: one value per episode by column."""
+
+    def log_metric(self, name: str, value: float) -> None:
+        self.metrics.setdefault(str(name), []).append(float(value))
+
+    def log_extra(self, column: str, values: Sequence[Any]) -> None:
+        self.extras.setdefault(str(column), []).extend(values)
 
 
 def compute_rewards(
@@ -30,25 +66,91 @@ def compute_rewards(
     reward_funcs: Sequence[RewardFunc] = (),
     weights: Sequence[float] | None = None,
     env_reward: bool = True,
+    *,
+    trainer_state: Any = None,
+    logs: RewardLogs | None = None,
 ) -> tuple[list[float], dict[str, list[float]]]:
-    """Weighted total reward per trajectory, and each source's values (NaN for None)."""
+    """Weighted total reward per trajectory, and each source's values (NaN for None).
+
+    `weights` lists one weight per source in order (the environment's first, when it is a
+    source, then each function's), or, as TRL takes them, one per reward function (the
+    environment's reward then weighs 1)."""
+    logs = logs if logs is not None else RewardLogs()
     sources: dict[str, list[float | None]] = {}
     if env_reward:
-        sources["env"] = [t.reward for t in trajectories]
+        scores = [
+            _env_scores(env, bool(reward_funcs)) for env in _padded(environments, trajectories)
+        ]
+        sources["env"] = [
+            t.reward if s else None for t, s in zip(trajectories, scores, strict=True)
+        ]
     for func in reward_funcs:
-        sources[getattr(func, "__name__", "reward")] = _call(func, trajectories, rows, environments)
+        name = getattr(func, "__name__", "reward")
+        sources[name] = _call(func, trajectories, rows, environments, trainer_state, logs)
     if not sources:
         raise ValueError("no reward source: pass reward_funcs or keep env_reward=True")
-    weights = list(weights) if weights is not None else [1.0] * len(sources)
+    if weights is None:
+        weights = [1.0] * len(sources)
+    elif env_reward and len(weights) == len(reward_funcs) and reward_funcs:
+        weights = [1.0, *weights]  # TRL's reward_weights: the functions', the environment's is 1
+    weights = list(weights)
     if len(weights) != len(sources):
-        raise ValueError(f"{len(weights)} reward weights for {len(sources)} reward sources")
+        raise ValueError(
+            f"{len(weights)} reward weights for {len(sources)} reward sources "
+            f"({', '.join(sources)}); give one per source, or one per reward function"
+        )
     totals: list[float] = []
+    unscored = 0
     for index in range(len(trajectories)):
         pairs = zip(weights, sources.values(), strict=True)
         given = [(w, float(value)) for w, v in pairs if (value := v[index]) is not None]
+        unscored += not given
         totals.append(sum((w * value for w, value in given), 0.0))
+    if unscored:
+        warnings.warn(
+            f"{unscored} of {len(trajectories)} episodes got no reward from any source "
+            f"({', '.join(sources)}): counted 0, as TRL counts them",
+            stacklevel=2,
+        )
     table = {k: [math.nan if x is None else float(x) for x in v] for k, v in sources.items()}
     return totals, table
+
+
+def _padded(environments: Sequence[Any], trajectories: Sequence[Trajectory]) -> list[Any]:
+    return (
+        list(environments) if len(environments) == len(trajectories) else [None] * len(trajectories)
+    )
+
+
+def reward_owner(env: Any) -> str:
+    """How an environment scores its episodes: "environment" (a `toolgym.Environment`
+    subclass, a list of tool functions, an executor-backed environment, or one toolgym cannot
+    see the class of),
+    "get_reward" (a plain class that defines it) or "attribute" (a plain class without it)."""
+    from toolgym.envs.core import Environment
+    from toolgym.envs.tools import FUNCTION_TOOLS
+
+    executor = getattr(env, "executor", None)
+    target = getattr(executor, "target", None)
+    if not isinstance(target, type) or target is type(executor):  # MCP, OpenEnv: the server's
+        return "environment"
+    if issubclass(target, Environment) or getattr(target, FUNCTION_TOOLS, False):
+        return "environment"  # toolgym's own kinds, not TRL-shaped classes
+    return "get_reward" if callable(getattr(target, "get_reward", None)) else "attribute"
+
+
+def _as_given(env: Any) -> Any:
+    """What a reward function gets as an episode's environment: a plain class's instance, as
+    TRL passes it (its attributes read directly); a `toolgym.Environment`'s stepped
+    environment (`.unwrapped` is the instance), and a sandboxed one's host-side proxy."""
+    instance = getattr(env, "unwrapped", None)
+    if instance is not None and reward_owner(env) in ("get_reward", "attribute"):
+        return instance
+    return env
+
+
+def _env_scores(env: Any, with_functions: bool) -> bool:
+    return not (with_functions and reward_owner(env) == "attribute")
 
 
 def _call(
@@ -56,27 +158,70 @@ def _call(
     trajectories: Sequence[Trajectory],
     rows: Sequence[dict[str, Any]],
     environments: Sequence[Any],
+    trainer_state: Any,
+    logs: RewardLogs,
 ) -> list[float | None]:
-    prompts = [row.get("prompt") for row in rows]
-    completions = [t.messages[len(t.messages) - _added(t) :] for t in trajectories]
-    columns = {k: [row.get(k) for row in rows] for k in rows[0] if k != "prompt"} if rows else {}
-    values = func(
-        prompts,
-        completions,
-        environments=list(environments),
-        trajectories=list(trajectories),
-        **columns,
-    )
+    columns = {k: [row.get(k) for row in rows] for k in rows[0] if k not in _NOT_COLUMNS}
+    arguments: dict[str, Any] = {
+        **(columns if rows else {}),
+        "prompts": [row.get("prompt") for row in rows],
+        "completions": [t.messages[len(t.messages) - _added(t) :] for t in trajectories],
+        "completion_ids": [_completion_ids(t) for t in trajectories],
+        "environments": [_as_given(env) for env in environments],
+        "trajectories": list(trajectories),
+        "trainer_state": trainer_state,
+        "log_extra": logs.log_extra,
+        "log_metric": logs.log_metric,
+    }
+    name = getattr(func, "__name__", repr(func))
+    values = func(**_accepted(func, arguments))
     if inspect.isawaitable(values):
         values = run_coroutine(_await(values))
     values = list(values)
     if len(values) != len(trajectories):
-        name = getattr(func, "__name__", func)
         raise ValueError(
             f"reward function {name} returned {len(values)} values for "
             f"{len(trajectories)} trajectories"
         )
-    return values
+    return [_checked(name, index, value) for index, value in enumerate(values)]
+
+
+def _accepted(func: RewardFunc, arguments: dict[str, Any]) -> dict[str, Any]:
+    """`arguments`, or only those `func` names when it takes no `**kwargs`."""
+    try:
+        parameters = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: give it everything
+        return arguments
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return arguments
+    named = {p.name for p in parameters if p.kind is not inspect.Parameter.POSITIONAL_ONLY}
+    return {k: v for k, v in arguments.items() if k in named}
+
+
+def _checked(name: str, index: int, value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"reward function {name} returned {value!r} for episode {index}: "
+            "a reward is a number or None"
+        ) from None
+    if math.isnan(number):
+        return None  # TRL turns None into NaN and skips it; NaN is "no opinion" here too
+    if math.isinf(number):
+        raise ValueError(
+            f"reward function {name} returned {number} for episode {index}: "
+            "a reward is a finite number or None"
+        )
+    return number
+
+
+def _completion_ids(trajectory: Trajectory) -> list[int]:
+    """Every token after the first prompt (model and tool tokens), as TRL's `completion_ids`."""
+    first, last = trajectory.samples[0], trajectory.samples[-1]
+    return list((last.prompt_ids + last.completion_ids)[len(first.prompt_ids) :])
 
 
 async def _await(awaitable: Any) -> Any:

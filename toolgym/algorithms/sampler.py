@@ -15,7 +15,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from toolgym.agents.custom import RolloutFn
@@ -23,7 +23,12 @@ from toolgym.agents.engines.base import SamplingParams
 from toolgym.agents.rollout import Agent
 from toolgym.agents.trajectory import Trajectory
 from toolgym.algorithms.config import GRPOConfig
-from toolgym.algorithms.rewards import RewardFunc, compute_rewards, step_reward_total
+from toolgym.algorithms.rewards import (
+    RewardFunc,
+    RewardLogs,
+    compute_rewards,
+    step_reward_total,
+)
 from toolgym.algorithms.sft import demonstrations, make_for_row
 from toolgym.algorithms.stages import StageClock
 from toolgym.envs.calls import close_all
@@ -42,6 +47,8 @@ class Rollouts:
     """The step whose weights the engine sampled from (later turns may use newer ones)."""
     started: float
     seconds: float
+    reward_metrics: dict[str, list[float]] = field(default_factory=dict)
+    """Values reward functions logged with TRL's `log_metric(name, value)`, by name."""
 
 
 class Sampler:
@@ -97,10 +104,26 @@ class Sampler:
                     envs, mine, [seeds[i] for i in share], rollout_fn=self.rollout_fn
                 )
             seconds = time.perf_counter() - started
-            sources = self._score(trajectories, mine, envs)
+            logs = RewardLogs()
+            sources = self._score(trajectories, mine, envs, self.trainer_state(step), logs)
         finally:
             close_all(envs)
-        return Rollouts(trajectories, sources, share, policy_version, started, seconds)
+        return Rollouts(
+            trajectories, sources, share, policy_version, started, seconds, logs.metrics
+        )
+
+    def trainer_state(self, step: int) -> Any:
+        """A `transformers.TrainerState` for reward functions that read TRL's `trainer_state`:
+        the steps done (`global_step`), `max_steps` and the epochs of the dataset seen."""
+        from transformers import TrainerState
+
+        per_step = self.args.prompts_per_step
+        return TrainerState(
+            global_step=step,
+            max_steps=self.args.max_steps,
+            epoch=step * per_step / len(self.train_rows),
+            train_batch_size=per_step * self.args.num_generations,
+        )
 
     def evaluate(self, rows: Sequence[Row], temperature: float = 0.0) -> list[Trajectory]:
         """Play each row once, reset with seed = its index, sampling at `temperature` (greedy
@@ -167,13 +190,29 @@ class Sampler:
         return self._order[1]
 
     def _score(
-        self, trajectories: list[Trajectory], rows: list[Row], envs: list[Any]
+        self,
+        trajectories: list[Trajectory],
+        rows: list[Row],
+        envs: list[Any],
+        trainer_state: Any = None,
+        logs: RewardLogs | None = None,
     ) -> dict[str, list[float]]:
-        """Each trajectory's total reward and its sources (also returned, per source)."""
-        args = self.args
+        """Each trajectory's total reward and its sources (also returned, per source); what
+        the reward functions log goes to `logs` (`log_extra` values onto the trajectories)."""
+        args, logs = self.args, logs if logs is not None else RewardLogs()
         rewards, sources = compute_rewards(
-            trajectories, rows, envs, self.reward_funcs, args.reward_weights, args.env_reward
+            trajectories,
+            rows,
+            envs,
+            self.reward_funcs,
+            args.reward_weights,
+            args.env_reward,
+            trainer_state=trainer_state,
+            logs=logs,
         )
+        for column, values in logs.extras.items():
+            for trajectory, value in zip(trajectories, values, strict=False):
+                trajectory.extras[column] = value
         if any(t.step_rewards for t in trajectories):
             sources["step_rewards"] = [step_reward_total(t) for t in trajectories]
             if args.step_rewards == "return":

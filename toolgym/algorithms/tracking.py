@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,10 +24,12 @@ def step_metrics(
     sources: dict[str, list[float]],
     used: torch.Tensor,
     args: GRPOConfig,
+    logged: list[dict[str, list[float]]] | None = None,
 ) -> dict[str, Any]:
     """A training step's logged figures: reward, success rate, turns, calls, statuses, the
     reward's sources and the environment's metrics, from every process's episodes
-    (`everyone`: (reward, valid) per episode; `outcomes`: `trajectory.outcome` per episode)."""
+    (`everyone`: (reward, valid) per episode; `outcomes`: `trajectory.outcome` per episode),
+    and the mean of each value reward functions logged with `log_metric` (`logged`: per process)."""
     rewards = [r for r, _ in everyone]
     summary = summarize(outcomes, args.success_threshold)
     metrics: dict[str, Any] = {
@@ -43,6 +46,7 @@ def step_metrics(
             metrics[f"rewards/{name}"] = statistics.fmean(finite)
     metrics.update({f"env/{name}": value for name, value in summary["env"].items()})
     metrics.update({k: v for k, v in summary.items() if k.startswith("envs/")})
+    metrics.update(reward_log_means(logged or []))
     return metrics
 
 
@@ -54,6 +58,37 @@ def merged_sources(per_process: list[dict[str, list[float]]]) -> dict[str, list[
         for name, values in sources.items():
             merged.setdefault(name, []).extend(values)
     return merged
+
+
+def reward_log_means(per_process: list[dict[str, list[float]]]) -> dict[str, float]:
+    """The mean of each value reward functions logged with `log_metric(name, value)` over
+    every process, by name (as TRL logs them)."""
+    merged = merged_sources(per_process)
+    return {name: statistics.fmean(values) for name, values in merged.items() if values}
+
+
+class SignalWatch:
+    """Says once per run when a whole step had no signal: in every group all rewards were
+    equal, so every advantage was 0 and the update changed nothing."""
+
+    def __init__(self, group_size: int) -> None:
+        self.group_size = group_size
+        self.said = False
+
+    def check(self, step: int, metrics: dict[str, Any], main_process: bool = True) -> None:
+        """Warn (once, from the main process) if `metrics` is such a step's."""
+        groups = sum(metrics["statuses"].values()) // self.group_size
+        if self.said or not groups or metrics["groups_without_signal"] < groups:
+            return
+        self.said = True
+        if main_process:
+            warnings.warn(
+                f"step {step}: no signal: in every group all rewards were equal, so the "
+                "advantages are 0 and this step learned nothing (`groups_without_signal` "
+                "counts such groups each step). Rewards that vary within a group are needed: "
+                "a graded or shaped reward, easier or harder rows, more generations per row",
+                stacklevel=2,
+            )
 
 
 def groups_without_signal(rewards: list[float], used: torch.Tensor, size: int) -> int:

@@ -12,6 +12,8 @@ import concurrent.futures
 import inspect
 import json
 import logging
+import math
+import numbers
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -45,6 +47,59 @@ class ToolError(Exception):
 
     Any other exception is reported as a crash of the tool (`tool_exception`) with its type.
     """
+
+
+class EnvironmentBug(Exception):
+    """Raise from an environment's code to say a failure is its own, not the model's: the
+    episode ends `env_error` and leaves the loss (as an infrastructure failure does).
+
+    The rule it marks the exception to: whatever an environment raises while it handles one
+    of the model's calls (a tool, `inline_step`, `final_answer`) is the model's doing, since
+    the model chose the input. A tool's exception is shown to the model (`tool_exception`) and
+    the episode goes on; an exception in `inline_step` or `final_answer` ends the episode
+    `tool_crash` (`ModelCausedError`), in the loss with `AgentLimits.model_failure_reward`.
+    Only this class (and subclasses) says otherwise.
+    """
+
+
+class ModelCausedError(RuntimeError):
+    """The environment's code raised while it handled the model's text (`inline_step`,
+    `final_answer`) and did not mark the failure its own (`EnvironmentBug`): the episode ends
+    `tool_crash`, the model's outcome. Carries the original exception as its cause."""
+
+    model_caused = True
+    """Read by `toolgym.envs.stepping.failure_status` (and by the sandbox's host side, which
+    gets this class's name back from a worker)."""
+
+
+MAX_REWARD = 1e6
+"""The largest reward magnitude toolgym takes from a program or hook that reports one
+(`as_reward`): past it, a group's statistics in float32 lose the other rewards (1e300 would
+overflow them), and no reward scale needs it."""
+
+
+class InvalidReward(ValueError):
+    """A reported reward that is not a finite number of at most `MAX_REWARD` in size."""
+
+
+def as_reward(value: Any, source: str) -> float | None:
+    """A reported reward checked: None ("no reward") or a real number, finite and of at most
+    `MAX_REWARD` in size, as a float; anything else raises `InvalidReward` naming `source`
+    and the value (never a silent NaN, infinity or 1e300)."""
+    if value is None:
+        return None
+    if not isinstance(value, numbers.Real):
+        raise InvalidReward(f"{source} gave a reward of type {type(value).__name__}, not a number")
+    try:
+        reward = float(value)
+    except OverflowError:  # an int past float's range
+        reward = float("inf")
+    if not math.isfinite(reward) or abs(reward) > MAX_REWARD:
+        raise InvalidReward(
+            f"{source} gave a reward of {reward:g}: a reward must be a finite number of at "
+            f"most {MAX_REWARD:g} in size"
+        )
+    return reward
 
 
 @dataclass
@@ -123,8 +178,9 @@ pieces of text it writes, each ending with a marker."""
 @dataclass
 class PreparedCall:
     """A checked call, bound to its environment's method; running it raises only
-    `UnrenderableResult` (media content): an exception is the tool's failure, a result that
-    is no JSON a `bad_result`."""
+    `EnvironmentBug` (the environment says the failure is its own) and `UnrenderableResult`
+    (media content): any other exception is the tool's failure the model reads
+    (`tool_exception`), a result that is no JSON a `bad_result`."""
 
     call: ToolCall
     function: Callable[..., Any]
@@ -136,6 +192,8 @@ class PreparedCall:
             value = self.function(**self.arguments)
             if inspect.iscoroutine(value):
                 value = run_coroutine(value)
+        except EnvironmentBug:
+            raise  # the environment's own failure: the episode ends env_error
         except Exception as error:
             return self._failed(error)
         return self._rendered(value)
@@ -147,6 +205,8 @@ class PreparedCall:
                 value = await self.function(**self.arguments)
             else:
                 value = await asyncio.to_thread(self.function, **self.arguments)
+        except EnvironmentBug:
+            raise
         except Exception as error:
             return self._failed(error)
         return self._rendered(value)

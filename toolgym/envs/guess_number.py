@@ -57,7 +57,8 @@ class GuessNumber(Environment):
             n: A whole number in the announced range.
         """
         if not self.low <= n <= self.high:
-            raise ToolError(f"{n} is outside the range {self.low} to {self.high}.")
+            shown = str(n) if abs(n) < 10**18 else "That number"  # str() refuses 4,300 digits
+            raise ToolError(f"{shown} is outside the range {self.low} to {self.high}.")
         self.guesses += 1
         if n < self.target:
             return f"{n} is too low: the number is higher."

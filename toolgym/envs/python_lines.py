@@ -78,9 +78,7 @@ class PythonLines(PythonREPL):
                 compiled = codeop.compile_command(source[:-1], "<line>", "single")
         except Exception as error:  # SyntaxError, or what huge input makes codeop raise
             self.pending = ""
-            return InlineStep(
-                f"{type(error).__name__}: {error.args[0]}\n", self.error_reward, failed=True
-            )
+            return InlineStep(f"{_first_line(error)}\n", self.error_reward, failed=True)
         if compiled is None:
             return InlineStep()  # an open block (or only comments so far): wait for more
         self.pending = ""
@@ -107,8 +105,8 @@ class PythonLines(PythonREPL):
         lines = [output.stdout.rstrip("\n")] if output.stdout else []
         if output.value is not None:
             lines.append(output.value)
-        if output.stderr:
-            lines.append(output.stderr.rstrip("\n").splitlines()[-1])
+        if output.stderr.strip():  # a traceback's last line; `print(file=sys.stderr)` none
+            lines.append(output.stderr.strip().splitlines()[-1])
         if output.ended:
             lines.append(f"session: {output.ended}")
         observation = "".join(f"{line}\n" for line in lines if line) or None
@@ -122,7 +120,7 @@ class PythonLines(PythonREPL):
         except Exception as error:
             return InlineStep(f"submit failed: {error}\n", self.error_reward, failed=True)
         if output.value is None:
-            why = output.stderr.strip().splitlines()[-1] if output.stderr else "no value"
+            why = output.stderr.strip().splitlines()[-1] if output.stderr.strip() else "no value"
             return InlineStep(f"submit failed: {why}\n", self.error_reward, failed=True)
         self.submitted = _plain(output.value)
         self.done = True
@@ -139,7 +137,7 @@ def _submitted_expression(source: str) -> str | None:
     """The argument's source when the statement is `submit(<expression>)`, else None."""
     try:
         tree = ast.parse(source)
-    except SyntaxError:
+    except Exception:  # SyntaxError, or MemoryError / RecursionError of a deep expression
         return None
     if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Expr):
         return None
@@ -152,12 +150,23 @@ def _submitted_expression(source: str) -> str | None:
 
 
 def _plain(value_repr: str) -> str:
-    """A submitted value as text: strings without their quotes, numbers as written."""
+    """A submitted value as text: strings without their quotes, numbers as written. The repr
+    is the model's (its object's `__repr__`): what cannot be read back as a literal (a
+    syntax error, an unhashable key, a nesting deep enough for MemoryError or RecursionError
+    in the parser) is taken as written."""
     try:
         value = ast.literal_eval(value_repr)
-    except (ValueError, SyntaxError):
+        return str(value).strip()
+    except Exception:
         return value_repr.strip()
-    return str(value).strip()
+
+
+def _first_line(error: BaseException) -> str:
+    """`Type: message` of an error (a SyntaxError's message without its place), the first
+    line only; an error without a message is its type alone."""
+    text = error.args[0] if error.args and isinstance(error.args[0], str) else str(error)
+    message = text.strip().splitlines()
+    return f"{type(error).__name__}: {message[0]}" if message else type(error).__name__
 
 
 _PROBLEMS = (

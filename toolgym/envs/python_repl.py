@@ -12,7 +12,7 @@ from typing import Any
 
 from toolgym.envs.calls import EPISODE_OVER, ToolError
 from toolgym.envs.core import Environment
-from toolgym.envs.python_session import OUTPUT_LIMIT, PythonSession
+from toolgym.envs.python_session import OUTPUT_LIMIT, PythonSession, SessionStartError
 
 
 class PythonREPL(Environment):
@@ -59,7 +59,10 @@ class PythonREPL(Environment):
         """
         if self.done:
             raise ToolError(f"{EPISODE_OVER}; no more code runs")
-        output = self._session().run(code)
+        try:
+            output = self._session().run(code)
+        except SessionStartError as error:  # the model's code killed what starts sessions
+            raise ToolError(f"no session could start: {error}") from None
         parts = [f"stdout:\n{output.stdout}"]
         if output.stderr:
             parts.append(f"stderr:\n{output.stderr}")

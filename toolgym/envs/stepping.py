@@ -14,16 +14,19 @@ sandbox room's `RemoteExecutor` in a worker process or a container.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
 from toolgym.envs.calls import (
     EPISODE_OVER,
     AnyToolCall,
     Demonstration,
+    EnvironmentBug,
     FailureKind,
     MalformedToolCall,
+    ModelCausedError,
     PreparedCall,
     StepResult,
     ToolCall,
@@ -239,15 +242,23 @@ class LocalExecutor(Executor):
         return bool(getattr(self.instance, "done", False))
 
     def final_answer(self, text: str) -> None:
+        """The instance's `final_answer`; an exception it raises is the model's
+        (`ModelCausedError`) unless it is an `EnvironmentBug`."""
         if self._over():
             return  # graded already: an answer after the end changes nothing
         self.answered = True
-        self._optional("final_answer", text)
+        with _the_model_s("final_answer"):
+            self._optional("final_answer", text)
 
     def inline(self, text: str) -> InlineStep:
+        """The instance's `inline_step`; an exception it raises is the model's
+        (`ModelCausedError`) unless it is an `EnvironmentBug`. An answer that is no valid
+        `InlineStep` is the environment's own fault (`as_inline_step` raises)."""
         if self._over():
             return InlineStep(f"{EPISODE_OVER}\n", done=True, failed=True)
-        return as_inline_step(_resolved(self.instance.inline_step(text)))
+        with _the_model_s("inline_step"):
+            step = _resolved(self.instance.inline_step(text))
+        return as_inline_step(step)
 
     def demonstration(self) -> Demonstration | None:
         return self._optional("demonstration")
@@ -276,6 +287,20 @@ class LocalExecutor(Executor):
         return _resolved(method(*args)) if callable(method) else None
 
 
+@contextlib.contextmanager
+def _the_model_s(hook: str) -> Iterator[None]:
+    """Inside: the environment handles the model's text, so what it raises is the model's
+    doing (`ModelCausedError`, with the original as its cause), except an `EnvironmentBug`."""
+    try:
+        yield
+    except EnvironmentBug:
+        raise
+    except Exception as error:
+        what = _describe(error)
+        what = what if len(what) <= 500 else f"{what[:500]}... [{len(what) - 500} more]"
+        raise ModelCausedError(f"{hook} raised {what}") from error
+
+
 def _resolved(value: Any) -> Any:
     """`value`, or what it resolves to if it is a coroutine (async protocol methods)."""
     return run_coroutine(value) if asyncio.iscoroutine(value) else value
@@ -288,13 +313,19 @@ def _episode_over(call: ToolCall | MalformedToolCall) -> ToolResult:
 
 
 def failure_status(error: BaseException) -> FailureKind:
-    """The episode status of an executor's failure during one of the model's calls.
+    """The episode status of an executor's failure during one of the model's calls: the one
+    rule for whose a failure is.
 
-    An error the sandbox marks `model_caused` (the worker was alive when the model's call
-    began and died, broke the protocol or ran out of time while running it) is the model's
-    outcome: `tool_timeout` for a timeout, `tool_crash` for the rest. Anything else (a worker
-    that never started, a lost node, the environment's own code failing) is `env_error`.
-    Duck-typed: the sandbox room's `SandboxError` carries `model_caused` (no import here)."""
+    An error marked `model_caused` is the model's outcome, in the loss: `tool_timeout` for a
+    timeout, `tool_crash` for the rest. Marked so are the environment's own code raising on
+    the model's text (`ModelCausedError`, locally or from a sandbox worker) and a sandbox
+    worker that was alive when the model's call began and died, broke the protocol or ran
+    out of time while running it. Anything else is `env_error`, left out of the loss: an
+    `EnvironmentBug` the environment raised, a worker that never started, a lost node
+    (`infrastructure`). Duck-typed: the sandbox room's `SandboxError` carries `model_caused`
+    (no import here)."""
+    if isinstance(error, EnvironmentBug):
+        return "env_error"
     if getattr(error, "model_caused", False) and not getattr(error, "infrastructure", False):
         return "tool_timeout" if isinstance(error, TimeoutError) else "tool_crash"
     return "env_error"

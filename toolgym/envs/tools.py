@@ -73,6 +73,8 @@ class Tool:
             parsed = self.arguments_model.model_validate(arguments)
         except _pydantic().ValidationError as error:
             raise ToolArgumentError(_describe_validation_error(error)) from None
+        except (ValueError, RecursionError) as error:  # an int past str()'s digits, deep lists
+            raise ToolArgumentError(f"unreadable arguments ({type(error).__name__})") from None
         return {name: getattr(parsed, name) for name in type(parsed).model_fields}
 
 
@@ -536,6 +538,8 @@ def _short_repr(value: Any, limit: int = 200) -> str:
         text = repr(value)
     except RecursionError:
         text = f"<a deeply nested {type(value).__name__}>"
+    except ValueError:  # an int past str()'s digit limit
+        text = f"<a {type(value).__name__} too long to show>"
     return text if len(text) <= limit else text[:limit] + "..."
 
 

@@ -294,8 +294,11 @@ class RemoteExecutor(Executor):
         lived = self.channel is not None and self.channel.alive and not self.revoked
         try:
             return self.request(op, **fields)
-        except RemoteError:
-            raise  # the environment's own code raised: not the model's doing
+        except RemoteError as error:
+            # the environment's code raised: the model's doing where the worker's executor
+            # said so (`ModelCausedError`: it raised on the model's text), else its own
+            error.model_caused = error.type == "ModelCausedError"
+            raise
         except SandboxError as error:
             # it lived up to the call, and no pool revoked the lease meanwhile
             error.model_caused = lived and not error.infrastructure and not self.revoked

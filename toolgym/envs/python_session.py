@@ -122,7 +122,11 @@ class _SessionEnded(Exception):
 
 
 class _SessionProcess:
-    """The host's end of one session: its socket and a way to kill it."""
+    """The host's end of one session: its socket and a way to kill it.
+
+    Between calls the session is frozen (SIGSTOP, to its process group where it has one of
+    its own): a thread or process the code started in one run does not compute until the next
+    run, where it shares that run's time limit. Background work dies with its call."""
 
     def __init__(self, sock: socket.socket, pid: int, popen: subprocess.Popen | None) -> None:
         self.sock, self.pid, self.popen = sock, pid, popen
@@ -130,6 +134,22 @@ class _SessionProcess:
         self._finalizer = weakref.finalize(self, _kill, sock, pid, popen)
 
     def exchange(self, request: dict[str, Any], timeout: float, limit: int) -> bytes:
+        """Send one request and read its reply line, thawing the session for that time."""
+        self._signal(signal.SIGCONT)
+        try:
+            return self._exchange(request, timeout, limit)
+        finally:
+            self._signal(signal.SIGSTOP)  # frozen until the next call (or killed)
+
+    def _signal(self, number: int) -> None:
+        """Signal the session's process (and, where it leads a group, the group's)."""
+        with contextlib.suppress(OSError):  # gone: the next read says so
+            if self.popen is not None:
+                os.killpg(self.pid, number)  # its own process group: children too
+            else:
+                os.kill(self.pid, number)  # forked from a zygote, whose group it shares
+
+    def _exchange(self, request: dict[str, Any], timeout: float, limit: int) -> bytes:
         deadline = time.monotonic() + timeout
         self._send(json.dumps(request).encode() + b"\n", deadline, timeout)
         while b"\n" not in self._buffer:

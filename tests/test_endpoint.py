@@ -146,6 +146,7 @@ def test_bad_requests_get_openai_errors_and_lose_nothing(tokenizer):
             )
         url = f"{endpoint.base_url}/chat/completions"
         headers = {"Authorization": f"Bearer {key}"}
+        headers["Content-Type"] = "application/json"
         bad_json = httpx.post(url, content=b"{not json", headers=headers)
         assert bad_json.status_code == 400 and bad_json.json()["error"]["code"] == "invalid_json"
         huge = httpx.post(url, content=b"x" * (9 * 2**20), headers=headers)

@@ -366,6 +366,9 @@ def test_the_sdk_client_plays_wordle_over_stdio_against_toolgym_serve():
 
 
 def test_toolgym_serve_over_http_keeps_an_instance_per_session():
+    """The SDK's default client (`mode='auto'`) over streamable HTTP: the server advertises
+    only handshake-era versions, so the client opens a session by itself (it used to pick the
+    sessionless 2026-07-28 protocol and every call failed)."""
     from mcp import Client
 
     process = subprocess.Popen([*SERVE, "--port", "0"], stdout=subprocess.PIPE, text=True)
@@ -373,18 +376,20 @@ def test_toolgym_serve_over_http_keeps_an_instance_per_session():
         url = process.stdout.readline().strip()
 
         async def play():
-            async with Client(url, mode="legacy") as first, Client(url, mode="legacy") as second:
+            async with Client(url) as first, Client(url) as second:
                 await first.call_tool("reset", {"answer": "crane"})
                 await second.call_tool("reset", {"answer": "slate"})
                 won = await first.call_tool("guess", {"word": "crane"})
                 lost = await second.call_tool("guess", {"word": "crane"})
-            async with Client(url) as sessionless:  # 2026-07-28 over HTTP: no session
+                versions = (first.protocol_version, second.protocol_version)
+            async with Client(url, mode="2026-07-28") as sessionless:  # forced: no session
                 refused = await sessionless.call_tool("guess", {"word": "crane"})
-            return won, lost, refused
+            return won, lost, versions, refused
 
-        won, lost, refused = asyncio.run(play())
+        won, lost, versions, refused = asyncio.run(play())
         assert won.meta["toolgym/done"] is True and lost.meta["toolgym/done"] is False
-        assert refused.is_error and "mode='legacy'" in refused.content[0].text
+        assert all(version != "2026-07-28" for version in versions), versions
+        assert refused.is_error and "initialize handshake" in refused.content[0].text
     finally:
         process.terminate()
         assert process.wait(30) == 0  # SIGTERM: the instances are closed, the server stops

@@ -24,6 +24,11 @@ the whole request, which is what the engine then really saw. Limits (`AgentLimit
 tokens) are enforced per session: a request past them gets an OpenAI-style error, and the
 session's status says which (`max_turns`, `length`).
 
+Who may call it: the `Guard` of `toolgym.agents.http_guard` (loopback by default; its own Host
+header, no foreign Origin, JSON bodies only; beyond loopback a token). Where any key opens a
+session (`open_sessions`), `max_sessions` bounds them and `session_idle_timeout` forgets idle
+ones (`Sessions`).
+
 The request checks and OpenAI's message shapes live in `endpoint_request.py`, the
 per-session record (and the joining rule) in `endpoint_session.py`, the HTTP routes in
 `endpoint_app.py`.
@@ -49,6 +54,7 @@ from toolgym.agents.engines.base import (
     SamplingParams,
     capabilities,
 )
+from toolgym.agents.http_guard import Guard, is_loopback
 from toolgym.agents.limits import AgentLimits
 from toolgym.agents.parsers import ParsedMessage, Parser, get_parser, type_arguments
 from toolgym.agents.trajectory import Status, Trajectory
@@ -70,6 +76,11 @@ class Endpoint:
         open_sessions: Accept any session key, opening it on first use (a standalone
             server); by default only keys from `open_session` are accepted.
         chat_template, chat_template_kwargs: As for `Agent`.
+        token: The token every request must carry (needed beyond loopback with
+            `open_sessions`; see `toolgym.agents.http_guard` for where it travels).
+        max_sessions: With `open_sessions`: sessions at once (a new key past them gets 429).
+        session_idle_timeout: With `open_sessions`: seconds after which an idle session
+            opened by a request is forgotten.
     """
 
     def __init__(
@@ -84,7 +95,15 @@ class Endpoint:
         open_sessions: bool = False,
         chat_template: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        token: str | None = None,
+        max_sessions: int | None = None,
+        session_idle_timeout: float | None = None,
     ) -> None:
+        if open_sessions and token is None and not is_loopback(host):
+            raise ValueError(
+                f"an endpoint open to any session key on {host} (beyond loopback) needs a token"
+            )
+        self.guard = Guard(host, token)
         self.engine, self.tokenizer = engine, tokenizer
         self.limits = limits or AgentLimits()
         self.host, self.port, self.model_name = host, port, model_name
@@ -93,7 +112,7 @@ class Endpoint:
         self.renderer = ChatRenderer(tokenizer, chat_template, None, **kwargs)
         template = {"chat_template": chat_template} if chat_template else {}
         self.parse: Parser = get_parser(parser, tokenizer, **template, **kwargs)
-        self._sessions = Sessions(open_sessions)
+        self._sessions = Sessions(open_sessions, max_sessions, session_idle_timeout)
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self._generate_lock = threading.Lock()
@@ -134,6 +153,7 @@ class Endpoint:
             reply = reply_message(text, parsed)
             with session.lock:
                 session.record(request, prompt_ids, observation, completion, reply)
+            session.used = time.monotonic()
         finish = "length" if completion.finish_reason == "length" else "stop"
         if reply.get("tool_calls"):
             finish = "tool_calls"
@@ -234,7 +254,11 @@ class Endpoint:
         import uvicorn
 
         config = uvicorn.Config(
-            build_app(self), host=self.host, port=self.port, log_level="warning", lifespan="off"
+            build_app(self, self.guard),
+            host=self.host,
+            port=self.port,
+            log_level="warning",
+            lifespan="off",
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(  # daemon: an endpoint nobody closed never holds exit

@@ -1,7 +1,11 @@
 """The HTTP side of `Endpoint`: OpenAI's routes on Starlette (served by uvicorn).
 
-Sessions come from the API key (`Authorization: Bearer <key>`), else the `X-Session-Id`
-header, else the body's `user` field. Errors are OpenAI's shape (`{"error": {"message",
+Sessions come from the `X-Session-Id` header, else the API key (`Authorization: Bearer
+<key>`), else the body's `user` field. Every request first passes the endpoint's `Guard`
+(`toolgym.agents.http_guard`: its own Host, no foreign Origin, JSON bodies only, the token
+where one is set). With a token the API key may be the token itself (the session then comes
+from `X-Session-Id` or `user`) or `TOKEN:SESSION`; or the token travels as `X-Toolgym-Token`
+and the API key names the session as without one. Errors are OpenAI's shape (`{"error": {"message",
 "type", "code"}}`) with a fitting HTTP status; nothing a request sends crashes the server.
 With `stream: true` the answer comes as server-sent events in OpenAI's chunk shape, after the
 completion is generated (one content delta, one tool-call delta, the finish, `[DONE]`).
@@ -17,8 +21,9 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol
 
+from toolgym.agents.http_guard import Guard
+
 if TYPE_CHECKING:
-    from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import Response
 
@@ -49,8 +54,9 @@ class Completer(Protocol):
         ...
 
 
-def build_app(endpoint: Completer) -> Starlette:
-    """The Starlette app serving `endpoint` (Starlette is imported here, at start)."""
+def build_app(endpoint: Completer, guard: Guard | None = None) -> Any:
+    """The ASGI app serving `endpoint` behind `guard` (default: loopback's, no token);
+    Starlette is imported here, at start."""
     from starlette.applications import Starlette
     from starlette.responses import JSONResponse, StreamingResponse
     from starlette.routing import Route
@@ -66,7 +72,7 @@ def build_app(endpoint: Completer) -> Starlette:
     async def chat_completions(request: Request) -> Response:
         try:
             body = await _json_body(request)
-            key = _session_key(request, body)
+            key = _session_key(request, body, checks)
             answer = await endpoint.complete(key, body)
         except EndpointError as error:
             return JSONResponse(error.body(), status_code=error.status)
@@ -88,13 +94,15 @@ def build_app(endpoint: Completer) -> Starlette:
         code = "not_found" if status == 404 else "method_not_allowed"
         return JSONResponse(EndpointError(status, message, code).body(), status_code=status)
 
-    return Starlette(
+    checks = guard or Guard("127.0.0.1")
+    app = Starlette(
         routes=[
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         ],
         exception_handlers={404: not_served, 405: not_served},
     )
+    return checks.asgi(app)
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
@@ -115,13 +123,16 @@ async def _json_body(request: Request) -> dict[str, Any]:
     return body
 
 
-def _session_key(request: Request, body: dict[str, Any]) -> str | None:
+def _session_key(request: Request, body: dict[str, Any], guard: Guard) -> str | None:
     header = request.headers.get("x-session-id")
     if header:
         return header
     authorization = request.headers.get("authorization", "")
-    if authorization.lower().startswith("bearer ") and authorization[7:].strip():
-        return authorization[7:].strip()
+    bearer = authorization[7:].strip() if authorization.lower().startswith("bearer ") else ""
+    if bearer and guard.token is not None and guard.matches(bearer):
+        bearer = bearer[len(guard.token) + 1 :]  # TOKEN:SESSION (or the token alone)
+    if bearer:
+        return bearer
     user = body.get("user")
     return user if isinstance(user, str) and user else None
 

@@ -4,7 +4,10 @@ A `Session` holds its samples (prompt ids, then sampled ids with mask 1 and the 
 logprobs, and tool results joined with mask 0), the last conversation, the counts the limits
 read, and the status. `continuation` is the one place that decides whether a request extends
 the previous call's sequence (the sampled ids kept as sampled, never re-rendered); `Sessions`
-is the table of keys.
+is the table of keys: where any key opens a session (`toolgym endpoint`), at most
+`max_sessions` exist (a new key past them is refused with 429, no live session is dropped for
+it) and one idle past `idle_timeout` seconds is forgotten (a later request with its key starts
+a new record), so memory does not grow with every key a client invents.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import asyncio
 import json
 import secrets
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +54,10 @@ class Session:
     """One call at a time per session: its sequence is one history."""
     lock: threading.Lock = field(default_factory=threading.Lock)
     """Guards the record while `trajectory` reads it from another thread."""
+    used: float = field(default_factory=time.monotonic)
+    """When a request last started or ended (what the idle timeout counts from)."""
+    by_use: bool = False
+    """Opened by a request naming a new key (it may expire), not by `Sessions.open`."""
 
     def continuation(
         self, renderer: ChatRenderer, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
@@ -134,10 +142,17 @@ class Session:
 
 
 class Sessions:
-    """The endpoint's sessions by key: keys it made, or any key where `open_sessions`."""
+    """The endpoint's sessions by key: keys it made, or any key where `open_sessions` (at most
+    `max_sessions` at once, each forgotten after `idle_timeout` idle seconds; None: no bound)."""
 
-    def __init__(self, open_sessions: bool = False) -> None:
+    def __init__(
+        self,
+        open_sessions: bool = False,
+        max_sessions: int | None = None,
+        idle_timeout: float | None = None,
+    ) -> None:
         self.open_sessions = open_sessions
+        self.max_sessions, self.idle_timeout = max_sessions, idle_timeout
         self.by_key: dict[str, Session] = {}
         self._lock = threading.Lock()
 
@@ -150,17 +165,43 @@ class Sessions:
         return key
 
     def get(self, key: str | None) -> Session:
-        """The session of `key`; a 401 in OpenAI's shape for a key this endpoint does not know."""
+        """The session of `key`; a 401 in OpenAI's shape for a key this endpoint does not know,
+        a 429 for a new key past `max_sessions`."""
         with self._lock:
             if key is not None and key in self.by_key:
-                return self.by_key[key]
+                session = self.by_key[key]
+                session.used = time.monotonic()
+                return session
             if key and self.open_sessions:
-                return self.by_key.setdefault(key, Session())
+                self._forget_idle()
+                if self.max_sessions is not None and len(self.by_key) >= self.max_sessions:
+                    raise EndpointError(429, self._full(), "too_many_sessions", "rate_limit_error")
+                return self.by_key.setdefault(key, Session(by_use=True))
         raise EndpointError(
             401,
             "unknown session: pass a key from Endpoint.open_session() as the API key",
             "unknown_session",
             "authentication_error",
+        )
+
+    def _forget_idle(self) -> None:
+        """Drop the sessions opened by use that are idle past the timeout (none mid-call)."""
+        if self.idle_timeout is None:
+            return
+        now = time.monotonic()
+        for key, session in list(self.by_key.items()):
+            idle = now - session.used > self.idle_timeout
+            if session.by_use and idle and not session.calling.locked():
+                del self.by_key[key]
+
+    def _full(self) -> str:
+        idle = (
+            f"; idle ones are forgotten after {self.idle_timeout:g} s" if self.idle_timeout else ""
+        )
+        return (
+            f"the endpoint holds its {self.max_sessions} sessions (--max-sessions){idle}: a new "
+            "key is refused while they last (no live session is dropped for it); reuse a key, "
+            "retry later, or raise --max-sessions"
         )
 
     def close(self, key: str) -> Trajectory:

@@ -1,5 +1,11 @@
 """`toolgym endpoint`: serve a model as an OpenAI-compatible endpoint that records exact tokens
-(`toolgym.agents.endpoint`), for agent programs written against the `openai` client."""
+(`toolgym.agents.endpoint`), for agent programs written against the `openai` client.
+
+Any API key names a session of its own: at most `--max-sessions` at once (a new key past them
+gets 429), each forgotten after `--session-idle-timeout` idle seconds. It listens on loopback,
+refuses foreign Host and Origin headers and non-JSON bodies; beyond loopback every request
+needs the token (`--token`, `$TOOLGYM_TOKEN`, or one made and printed on stderr), sent as the
+API key (`TOKEN`, or `TOKEN:SESSION` to name a session) or as `X-Toolgym-Token`."""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ from typing import Any
 
 from toolgym.agents.limits import AgentLimits
 from toolgym.cli.errors import CLIError
+from toolgym.cli.listening import add_listening_arguments, checked_limits, token_for
 
 
 def serve_endpoint(args: argparse.Namespace) -> int:
@@ -16,6 +23,8 @@ def serve_endpoint(args: argparse.Namespace) -> int:
     from toolgym.agents.endpoint import Endpoint
     from toolgym.agents.models import load_tokenizer
 
+    checked_limits(args)
+    token = token_for(args, "endpoint")
     tokenizer = load_tokenizer(args.model)
     endpoint = Endpoint(
         _engine(args, tokenizer),
@@ -26,6 +35,9 @@ def serve_endpoint(args: argparse.Namespace) -> int:
         port=args.port,
         model_name=args.model_name or args.model,
         open_sessions=True,  # any API key names a session of its own
+        token=token,
+        max_sessions=args.max_sessions,
+        session_idle_timeout=args.session_idle_timeout,
     )
     try:
         print(endpoint.start(), flush=True)
@@ -61,6 +73,7 @@ def add_endpoint_command(commands: Any) -> None:
         "endpoint",
         help="serve a model as an OpenAI-compatible endpoint that records exact tokens",
         description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--model", default="smollm2-135m", help="hub id, folder, or smollm2-135m")
     parser.add_argument(
@@ -71,8 +84,8 @@ def add_endpoint_command(commands: Any) -> None:
         "vLLM server's URL",
     )
     parser.add_argument("--parser", default="auto", help="tool-call parser (auto, hermes, ...)")
-    parser.add_argument("--host", default="127.0.0.1", help="where to listen (loopback)")
     parser.add_argument("--port", type=int, default=8000, help="0: any free port")
+    add_listening_arguments(parser, max_sessions=256)
     parser.add_argument("--model-name", default=None, help="the name /v1/models lists")
     AgentLimits.add_arguments(parser)
     parser.set_defaults(handler=serve_endpoint)

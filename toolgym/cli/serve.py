@@ -3,8 +3,17 @@
 Any ENV the other commands take (a registered id, `path/to/file.py:Class`, `module:attr`) is
 served with the `mcp` SDK's low-level server, one environment instance per MCP session: the
 stdio server's one client (a process per client), or each streamable HTTP session
-(`Mcp-Session-Id`; a request without one, as the sessionless 2026-07-28 protocol sends over
-HTTP, is answered with an error saying to connect with the initialize handshake).
+(`Mcp-Session-Id`). Over HTTP the server advertises only the handshake-era protocol versions
+in `server/discover` (episodes need sessions, which the sessionless 2026-07-28 protocol does
+not have), so the SDK's default client falls back to the initialize handshake by itself; a
+2026-07-28 request that reaches a tool anyway is answered with an error, whatever session id
+it names.
+
+Over HTTP it listens on loopback, refuses foreign Host and Origin headers and non-JSON bodies,
+and needs a token beyond loopback (`toolgym.cli.listening`, `toolgym.agents.http_guard`). At
+most `--max-sessions` sessions exist: a newcomer past them is refused with an error naming
+the flag, never by closing a live one; a session idle past `--session-idle-timeout` is closed
+with its instance. A class that runs the model's code is served only in a sandbox.
 
 Tools: the environment's own, with their JSON schemas, plus three of toolgym's (names no
 environment tool can take):
@@ -27,56 +36,30 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
+import json
 import signal
 import socket
-from collections import OrderedDict
-from collections.abc import Iterator
+import time
 from typing import Any
 
-from toolgym.cli.env_spec import ResolvedEnv, resolve_env
+from toolgym.cli.env_spec import resolve_env
 from toolgym.cli.errors import CLIError
+from toolgym.cli.listening import (
+    add_listening_arguments,
+    checked_limits,
+    full_message,
+    listening,
+    token_for,
+    url,
+)
+from toolgym.cli.serve_episodes import Episodes, SessionRefused
 
 CONTROL_TOOLS = ("reset", "reward", "final_answer")
-
-
-class Episodes:
-    """The environment instances of the sessions, made on first use; the least recently used
-    is closed past `max_sessions`, and all of them by `close`."""
-
-    def __init__(self, resolved: ResolvedEnv, sandbox: str | None, max_sessions: int) -> None:
-        self.resolved, self.sandbox, self.max_sessions = resolved, sandbox, max_sessions
-        self.instances: OrderedDict[str, tuple[Any, asyncio.Lock]] = OrderedDict()
-        probe = self._make()  # the tools, listed without a session (and checked now)
-        try:
-            self.tools: list[dict[str, Any]] = probe.tools
-        finally:
-            probe.close()
-
-    def _make(self) -> Any:
-        try:
-            return self.resolved.make(sandbox=self.sandbox)
-        except CLIError:
-            raise
-        except Exception as error:
-            raise CLIError(f"{self.resolved.spec}: {type(error).__name__}: {error}") from None
-
-    async def get(self, key: str) -> tuple[Any, asyncio.Lock]:
-        """The session's instance (made on first use) and the lock its calls take."""
-        if key not in self.instances:
-            self.instances[key] = (await asyncio.to_thread(self._make), asyncio.Lock())
-            while len(self.instances) > self.max_sessions:
-                _, (oldest, _) = self.instances.popitem(last=False)
-                await asyncio.to_thread(oldest.close)
-        self.instances.move_to_end(key)
-        return self.instances[key]
-
-    def close(self) -> None:
-        """Close every session's instance."""
-        while self.instances:
-            _, (env, _) = self.instances.popitem()
-            with contextlib.suppress(Exception):
-                env.close()
+SESSIONLESS = (
+    "Error: toolgym serve keeps one episode per MCP session, and this request has none (the "
+    "2026-07-28 protocol is sessionless over HTTP): connect with the initialize handshake, as "
+    "mcp.Client(url) does by itself against this server (or mode='legacy')."
+)
 
 
 def mcp_server(episodes: Episodes, name: str) -> Any:
@@ -92,17 +75,35 @@ def mcp_server(episodes: Episodes, name: str) -> Any:
     async def on_call_tool(ctx: Any, params: Any) -> Any:
         key = _session_key(ctx)
         if key is None:
-            return _result(
-                "Error: toolgym serve keeps one episode per MCP session, and this request has "
-                "none (the 2026-07-28 protocol is sessionless over HTTP): connect with the "
-                "initialize handshake, e.g. mcp.Client(url, mode='legacy').",
-                error=True,
-            )
-        env, lock = await episodes.get(key)
-        async with lock:
-            return await _call(env, params.name, dict(params.arguments or {}))
+            return _result(SESSIONLESS, error=True)
+        try:
+            episode = await episodes.get(key)
+        except SessionRefused as refused:
+            return _result(f"Error: {refused}", error=True)
+        async with episode.lock:
+            try:
+                return await _call(episode.env, params.name, dict(params.arguments or {}))
+            finally:
+                episode.used = time.monotonic()
 
     return Server(name, on_list_tools=on_list_tools, on_call_tool=on_call_tool)
+
+
+def _handshake_only(server: Any) -> None:
+    """Advertise only the handshake-era versions in `server/discover`: the SDK's default
+    client (`mode='auto'`) then falls back to the initialize handshake, whose sessions hold
+    the episodes (as the go SDK's stateful servers advertise)."""
+    import mcp_types as types
+    from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+    async def on_discover(ctx: Any, params: Any) -> Any:
+        return types.DiscoverResult(
+            supported_versions=list(HANDSHAKE_PROTOCOL_VERSIONS),
+            capabilities=server.get_capabilities(protocol_version=ctx.protocol_version),
+            instructions=server.instructions,
+        )
+
+    server.add_request_handler("server/discover", types.RequestParams, on_discover)
 
 
 async def _call(env: Any, name: str, arguments: dict[str, Any]) -> Any:
@@ -167,10 +168,15 @@ def _over(env: Any) -> bool:
 
 def _session_key(ctx: Any) -> str | None:
     """The MCP session a request belongs to: the stdio process's one client, or the HTTP
-    session id (None: a sessionless HTTP request)."""
+    session id the SDK routed it by (None: a sessionless request, whose `Mcp-Session-Id`
+    header, if any, no session transport checked: it must not name another's episode)."""
+    from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
     request = getattr(ctx, "request", None)
     if request is None:
         return "stdio"
+    if ctx.protocol_version not in HANDSHAKE_PROTOCOL_VERSIONS:
+        return None
     return request.headers.get("mcp-session-id")
 
 
@@ -215,21 +221,25 @@ def _control_tools() -> list[Any]:
 
 def serve(args: argparse.Namespace) -> int:
     """Serve ENV until interrupted (stdio: until the client closes stdin)."""
+    checked_limits(args)
     if args.protocol == "openenv":  # toolgym/cli/serve_openenv.py
         if args.stdio:
             raise CLIError("--protocol openenv is served over HTTP and WebSocket, not --stdio")
         from toolgym.cli.serve_openenv import serve_openenv
 
+        token = token_for(args, "serve")
         signal.signal(signal.SIGTERM, _interrupt)
-        with _listening(args.host, args.port) as sock:
-            return serve_openenv(args, sock)
+        with listening(args.host, args.port) as sock:
+            return serve_openenv(args, sock, token)
     from toolgym.envs.mcp_session import require_sdk
 
     try:
         require_sdk()
     except ImportError as error:
         raise CLIError(str(error)) from None
-    episodes = Episodes(resolve_env(args.env), args.sandbox, args.max_sessions)
+    token = None if args.stdio else token_for(args, "serve")
+    idle = None if args.stdio else args.session_idle_timeout
+    episodes = Episodes(resolve_env(args.env), args.sandbox, args.max_sessions, idle)
     signal.signal(signal.SIGTERM, _interrupt)  # instances close on the way out
     try:
         server = mcp_server(episodes, f"toolgym {args.env}")
@@ -239,8 +249,8 @@ def serve(args: argparse.Namespace) -> int:
         if args.stdio:
             asyncio.run(_serve_stdio(server))
         else:
-            with _listening(args.host, args.port) as sock:
-                asyncio.run(_serve_http(server, sock, args.host))
+            with listening(args.host, args.port) as sock:
+                asyncio.run(_serve_http(server, sock, args, episodes, token))
     except KeyboardInterrupt:
         pass
     finally:
@@ -259,27 +269,69 @@ async def _serve_stdio(server: Any) -> None:
         await server.run(read, write, server.create_initialization_options())
 
 
-@contextlib.contextmanager
-def _listening(host: str, port: int) -> Iterator[socket.socket]:
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as error:
-        sock.close()
-        raise CLIError(f"cannot listen on {host}:{port}: {error.strerror}") from None
-    with sock:
-        yield sock
-
-
-async def _serve_http(server: Any, sock: socket.socket, host: str) -> None:
+async def _serve_http(
+    server: Any, sock: socket.socket, args: Any, episodes: Episodes, token: str | None
+) -> None:
     import uvicorn
 
-    app = server.streamable_http_app(host=host)
-    config = uvicorn.Config(app, log_level="warning", lifespan="on")
+    from toolgym.agents.http_guard import Guard
+
+    _handshake_only(server)
+    app = server.streamable_http_app(
+        host=args.host,
+        max_sessions=args.max_sessions,
+        session_idle_timeout=args.session_idle_timeout,
+    )
+    full = full_message("toolgym serve", args.max_sessions, args.session_idle_timeout)
+    guarded = Guard(args.host, token).asgi(_session_ends(app, episodes, full))
+    config = uvicorn.Config(guarded, log_level="warning", lifespan="on")
     port = sock.getsockname()[1]
-    print(f"http://{host}:{port}/mcp", flush=True)  # first, for scripts to read
-    await uvicorn.Server(config).serve(sockets=[sock])
+    print(url(args.host, port, token, "/mcp"), flush=True)  # first, for scripts to read
+    reaper = asyncio.create_task(episodes.reap_forever())
+    try:
+        await uvicorn.Server(config).serve(sockets=[sock])
+    finally:
+        reaper.cancel()
+
+
+def _session_ends(app: Any, episodes: Episodes, full: str) -> Any:
+    """`app`, which also closes a session's episode when its client deletes the session, and
+    explains the SDK's 503 to a newcomer past `--max-sessions` (`full`, as JSON-RPC)."""
+
+    async def watched(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        key = headers.get("mcp-session-id")
+        status = 0
+        replaced = False
+
+        async def watching(message: Any) -> None:
+            nonlocal status, replaced
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                if status == 503 and key is None:
+                    replaced = True
+                    body = json.dumps(
+                        {"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": full}}
+                    ).encode()
+                    await send(
+                        {
+                            "type": "http.response.start",
+                            "status": 503,
+                            "headers": [(b"content-type", b"application/json")],
+                        }
+                    )
+                    await send({"type": "http.response.body", "body": body})
+                    return
+            if not replaced:
+                await send(message)
+
+        await app(scope, receive, watching)
+        if scope["method"] == "DELETE" and key is not None and 200 <= status < 300:
+            await episodes.end(key)
+
+    return watched
 
 
 def add_serve_command(commands: Any) -> None:
@@ -297,7 +349,11 @@ def add_serve_command(commands: Any) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--stdio", action="store_true", help="serve one client over stdio")
     where.add_argument("--port", type=int, default=8000, help="HTTP port (0: any)")
-    parser.add_argument("--host", default="127.0.0.1", help="where to listen (loopback)")
-    parser.add_argument("--sandbox", default=None, help="local, process, docker, ray or auto")
-    parser.add_argument("--max-sessions", type=int, default=64, help="instances kept at once")
+    parser.add_argument(
+        "--sandbox",
+        default=None,
+        help="local, process, docker, ray or auto (default: an id's registered choice, a "
+        "class in this process; a class that runs the model's code needs one)",
+    )
+    add_listening_arguments(parser, max_sessions=64)
     parser.set_defaults(handler=serve)

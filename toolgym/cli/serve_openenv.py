@@ -3,9 +3,14 @@
 Served with openenv-core's own server (`create_fastapi_app`: `/ws` sessions, `/reset`,
 `/step`, `/state`, `/schema`, `/health`, `/metadata`), so that its clients
 (`GenericEnvClient(base_url=url)`, sync or async) drive it: one environment instance per
-WebSocket session (at most `--max-sessions`; past it a new session is refused with
-openenv-core's CAPACITY_REACHED error), closed when the session ends. The stateless HTTP
-`/reset` and `/step` make an instance per request, as openenv-core's are.
+WebSocket session, closed when the session ends or has been idle `--session-idle-timeout`
+seconds. The stateless HTTP `/reset` and `/step` make an instance per request, as
+openenv-core's are; sessions and stateless requests together hold at most `--max-sessions`
+instances at once (past it a newcomer is refused, naming the flag: openenv-core's
+CAPACITY_REACHED error on a WebSocket, 503 over HTTP; see `toolgym.cli.openenv_gate`). The
+server listens on loopback, refuses foreign Host and Origin headers (WebSocket upgrades
+included) and non-JSON bodies, and needs a token beyond loopback (the URL it prints carries
+it); a class that runs the model's code is served only in a sandbox.
 
 - **Action** (`ToolCallAction`): `{"tool": NAME, "arguments": {...}}`, where NAME is one of
   the environment's tools (an enum in `/schema`) or `final_answer` (`{"text": ...}`: the
@@ -34,11 +39,14 @@ import socket
 import weakref
 from typing import Any
 
+from toolgym.agents.http_guard import Guard
 from toolgym.cli.env_spec import ResolvedEnv, resolve_env
 from toolgym.cli.errors import CLIError
+from toolgym.cli.listening import full_message, refuse_unsandboxed, url
+from toolgym.cli.openenv_gate import gated
 
 
-def serve_openenv(args: Any, sock: socket.socket) -> int:
+def serve_openenv(args: Any, sock: socket.socket, token: str | None = None) -> int:
     """Serve `args.env` over OpenEnv on the bound socket `sock` until interrupted."""
     from toolgym.envs.openenv import require_openenv
 
@@ -49,12 +57,16 @@ def serve_openenv(args: Any, sock: socket.socket) -> int:
     import uvicorn
 
     made: weakref.WeakSet[Any] = weakref.WeakSet()
-    app = openenv_app(resolve_env(args.env), args.sandbox, args.max_sessions, made)
-    config = uvicorn.Config(_quiet_disconnects(app), log_level="warning", lifespan="on")
-    port = sock.getsockname()[1]
-    sock.listen(128)  # a client that reads the URL may connect at once (it waits in the queue)
-    print(f"http://{args.host}:{port}", flush=True)  # first, for scripts to read
     try:
+        app = openenv_app(resolve_env(args.env), args.sandbox, args.max_sessions, made)
+        full = full_message("toolgym serve", args.max_sessions, args.session_idle_timeout)
+        app = gated(_quiet_disconnects(app), args.max_sessions, args.session_idle_timeout, full)
+        config = uvicorn.Config(
+            Guard(args.host, token).asgi(app), log_level="warning", lifespan="on"
+        )
+        port = sock.getsockname()[1]
+        sock.listen(128)  # a client that reads the URL may connect at once (it waits in line)
+        print(url(args.host, port, token), flush=True)  # first, for scripts to read
         asyncio.run(uvicorn.Server(config).serve(sockets=[sock]))
     except KeyboardInterrupt:
         pass
@@ -85,6 +97,7 @@ def openenv_app(
 
     probe = make()  # the tools (and the environment checked) before serving
     try:
+        refuse_unsandboxed(probe, resolved.spec)
         tools = probe.tools
     finally:
         probe.close()

@@ -18,7 +18,9 @@ Routes (all GET):
 Errors come back as JSON `{"error": message}`: 400 for a bad request, 404 for a missing file or
 episode, 500 for anything unexpected. A request whose `Host` header is not this server's own
 address (`127.0.0.1:<port>` or `localhost:<port>`) gets 403, so a web page that rebinds its
-DNS name to 127.0.0.1 cannot read the run; every response forbids other origins' scripts,
+DNS name to 127.0.0.1 cannot read the run, and so does a request whose `Origin` is another
+site's (a browser's request from another page; no `Origin`, as from other clients, passes);
+every response forbids other origins' scripts,
 styles and frames (`Content-Security-Policy`) and content sniffing.
 """
 
@@ -216,6 +218,8 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         if not self._host_allowed():
             self._send(HTTPStatus.FORBIDDEN, b"forbidden: unknown Host header", "text/plain")
+        elif not self._origin_allowed():
+            self._send(HTTPStatus.FORBIDDEN, b"forbidden: another site's Origin", "text/plain")
         elif url.path.startswith("/api/"):
             self._api(url.path.removeprefix("/api/"), dict(parse_qsl(url.query)))
         elif url.path in ("/", "/index.html"):
@@ -230,9 +234,20 @@ class _Handler(BaseHTTPRequestHandler):
     def _host_allowed(self) -> bool:
         """Whether the Host header names this server (127.0.0.1, localhost or the bound
         address, with its port): a DNS-rebound name does not."""
+        return (self.headers.get("Host") or "").strip().lower() in self._names()
+
+    def _origin_allowed(self) -> bool:
+        """Whether the request has no `Origin`, or this server's own (`http://` + a name of
+        `_names`): a page of another site does not."""
+        origin = self.headers.get("Origin")
+        if origin is None:
+            return True
+        scheme, _, named = origin.strip().lower().partition("://")
+        return scheme == "http" and named in self._names()
+
+    def _names(self) -> set[str]:
         host, port = _host_and_port(self.server.server_address)
-        allowed = {f"{name}:{port}" for name in ("127.0.0.1", "localhost", "[::1]", host)}
-        return (self.headers.get("Host") or "").strip().lower() in allowed
+        return {f"{name}:{port}" for name in ("127.0.0.1", "localhost", "[::1]", host)}
 
     def _api(self, route: str, params: dict[str, str]) -> None:
         """Answer `/api/<route>` as JSON, errors included (500 for an unexpected one)."""

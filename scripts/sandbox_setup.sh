@@ -27,25 +27,25 @@ if [ ${#missing[@]} -gt 0 ]; then
     fi
 fi
 
-# A root host runs process-backend workers as this unprivileged account (never as root mapped
-# into a namespace): it must be able to enter the folders of the interpreter, the virtual
-# environment and the project. Only traversal (o+x) is granted, never listing or reading.
+# A root host runs each sandboxed worker (process backend) and container (docker) as a host
+# uid of its own, from a pool (toolgym/sandbox/identities.py). The pool is the subordinate
+# range /etc/subuid registers for the account toolgym-sandbox: registering it keeps useradd
+# from handing the same uids to another account's containers. No folder of the user's is
+# opened: a root host stages what workers read (toolgym/sandbox/scratch.py).
 if [ "$(id -u)" = 0 ]; then
     if ! id toolgym-sandbox >/dev/null 2>&1 && command -v useradd >/dev/null; then
         useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin \
             toolgym-sandbox && say "created the account toolgym-sandbox for the workers"
     fi
-    "$PY" - <<'PYTHON'
-import os, stat, sys
-from pathlib import Path
-places = {Path(sys.executable).resolve(), Path(sys.prefix), Path(sys.base_prefix), Path.cwd()}
-for place in places:
-    for folder in reversed(place.resolve().parents):
-        mode = folder.stat().st_mode
-        if not mode & stat.S_IXOTH:
-            folder.chmod(mode | stat.S_IXOTH)
-            print(f"sandbox set-up: {folder} may now be entered (o+x) by the sandbox account")
-PYTHON
+    overlaps() {  # whether any range of /etc/subuid or /etc/subgid meets 200000-200999
+        cat /etc/subuid /etc/subgid 2>/dev/null \
+            | awk -F: 'NF == 3 && $2 <= 200999 && $2 + $3 > 200000 { found = 1 } END { exit !found }'
+    }
+    if id toolgym-sandbox >/dev/null 2>&1 && command -v usermod >/dev/null \
+        && ! grep -qs '^toolgym-sandbox:' /etc/subuid && ! overlaps; then
+        usermod --add-subuids 200000-200999 --add-subgids 200000-200999 toolgym-sandbox \
+            && say "registered host uids 200000-200999 (/etc/subuid) for the sandbox's workers"
+    fi
 fi
 
 if ! docker info >/dev/null 2>&1; then

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import toolgym
+from toolgym.envs.python_repl import PythonREPL
 
 
 class Misbehaving(toolgym.Environment):
@@ -246,3 +247,16 @@ class InlineCalculator(toolgym.Environment):
     def final_answer(self, text: str) -> None:
         self.answer = text
         self.reward = float("42" in text)
+
+
+class QueueREPL(PythonREPL):
+    """A REPL whose environment asks for POSIX message queues (the filter refuses them
+    otherwise); the worker's message-queue bytes are still its own limit."""
+
+    sandbox_allow = ("message_queues",)
+
+
+class AioREPL(PythonREPL):
+    """A REPL whose environment asks for the kernel's AIO (io_setup / io_submit)."""
+
+    sandbox_allow = ("aio",)

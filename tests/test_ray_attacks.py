@@ -76,7 +76,8 @@ def test_the_attack_is_held_in_a_ray_hosted_process_sandbox(ray_repl, host_servi
     assert env.reward == 0.0 and not env.done  # nothing forged reached the grader
     if INNER in attack.later_runs_fail:
         result = env.step(toolgym.ToolCall("run", {"code": "6 * 7"}))
-        assert result.results[0].failure == "tool_exception", result.messages
+        # the model reads why (PythonREPL answers a ToolError; it raised before that change)
+        assert result.results[0].failure in ("tool_error", "tool_exception"), result.messages
         assert "session zygote is gone" in result.messages[0]["content"]
     else:
         for _ in range(3):  # honest replies only, however many were forged ahead

@@ -272,15 +272,16 @@ def test_a_pool_whose_workers_all_died_starts_new_ones():
         fresh.close()
 
 
-def test_a_pool_that_cannot_start_anything_raises_the_cause(tmp_path):
-    (tmp_path / "sitecustomize.py").write_text("raise SystemExit('no sandbox today')\n")
-    backend = ProcessBackend(extra_paths=[str(tmp_path)])
+def test_a_pool_that_cannot_start_anything_raises_the_cause():
+    from test_sandbox_privileges import WritableImportPath
+
+    backend = WritableImportPath()
     started = time.monotonic()
     with SandboxPool(Misbehaving, backend=backend, size=2, max_start_failures=3) as pool:
-        cause = r"(?s)no sandbox of Misbehaving could start .* no sandbox today"
+        cause = r"(?s)no sandbox of Misbehaving could start .* /tmp/no-sandbox-today is missing"
         with pytest.raises(SandboxError, match=cause):
             pool.lease()
-        with pytest.raises(SandboxError, match="no sandbox today"):
+        with pytest.raises(SandboxError, match="refused to start"):
             pool.wait_ready(timeout=60)
         assert pool.stats["start_failures"] >= 3
     assert time.monotonic() - started < 30

@@ -561,7 +561,8 @@ def test_the_attack_is_held(repl, host_service, name):
     assert env.reward == 0.0 and not env.done  # nothing forged reached the grader
     if backend in attack.later_runs_fail:
         result = env.step(toolgym.ToolCall("run", {"code": "6 * 7"}))
-        assert result.results[0].failure == "tool_exception", result.messages
+        # the model reads why (PythonREPL answers a ToolError; it raised before that change)
+        assert result.results[0].failure in ("tool_error", "tool_exception"), result.messages
         assert "session zygote is gone" in result.messages[0]["content"]
     else:
         for _ in range(3):  # honest replies only, however many were forged ahead
@@ -660,14 +661,15 @@ def test_memory_no_process_limit_sees_is_bounded():
 @pytest.mark.skipif(os.getuid() != 0, reason="only a root host drops workers to another user")
 @pytest.mark.skipif(shutil.which("bwrap") is None and not REQUIRED, reason="no bubblewrap")
 def test_a_root_host_never_runs_model_code_as_root():
-    """Workers of a root host run as an unprivileged host user; where none can serve, a class
-    that runs the model's code is refused with the reason, never run as root."""
+    """Workers of a root host run as an unprivileged host uid of their own; where none can
+    serve, a class that runs the model's code is refused with the reason, never run as root."""
     from toolgym.sandbox import ProcessBackend, RemoteEnvironment, SandboxError
 
     env = RemoteEnvironment(PythonREPL, backend=ProcessBackend())
     try:
         env.reset(task="who", answer=ANSWER)
-        assert "mapped to host user" in env.isolation.user, env.isolation
+        assert "mapped to host uid 2" in env.isolation.user, env.isolation
+        assert "(its own, from the pool" in env.isolation.user
         assert "root" not in env.isolation.user
     finally:
         env.close()

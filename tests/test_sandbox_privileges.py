@@ -138,11 +138,28 @@ def test_an_environment_module_under_tmp_is_importable(tmp_path, monkeypatch):
         sys.modules.pop("tmp_project_env", None)
 
 
-def test_a_worker_that_dies_at_start_says_why(tmp_path):
-    (tmp_path / "sitecustomize.py").write_text("raise SystemExit('refusing to start: no GPU')\n")
-    backend = ProcessBackend(extra_paths=[str(tmp_path)])
-    with pytest.raises(SandboxError, match=r"(?s)stderr ended with.*refusing to start: no GPU"):
-        RemoteEnvironment(Prober, backend=backend).reset()
+class WritableImportPath(ProcessBackend):
+    """Puts a folder the sandbox can write on the worker's import path (as a project cloned
+    under /tmp did): the worker must refuse to start (`toolgym/sandbox/boot.py`)."""
+
+    def _launch(self, target):
+        launch = super()._launch(target)
+        entries = launch.env["TOOLGYM_SYS_PATH"]
+        launch.env["TOOLGYM_SYS_PATH"] = os.pathsep.join(["/tmp/no-sandbox-today", entries])
+        launch.env["TOOLGYM_CHECK_SYS_PATH"] = "1"
+        return launch
+
+
+def test_a_worker_that_dies_at_start_says_why():
+    """A worker that refuses to start (a folder the sandbox could write on its import path)
+    is a SandboxError carrying the end of its stderr: the reason."""
+    expected = (
+        r"(?s)died during start \(exit code 78; its stderr ended with: toolgym worker refused "
+        r"to start: the import path entry /tmp/no-sandbox-today is missing and /tmp, where it "
+        r"would be made, is writable by the sandbox"
+    )
+    with pytest.raises(SandboxError, match=expected):
+        RemoteEnvironment(Prober, backend=WritableImportPath()).reset()
 
 
 def test_a_nan_reward_never_poisons_a_group():

@@ -241,9 +241,10 @@ def _spawn(role: str, start_new_session: bool = False) -> tuple[socket.socket, s
     """This file run as `role` in a fresh interpreter whose only descriptor is one end of a
     socket pair; the other end, and the process."""
     host, child = socket.socketpair()
+    command = [sys.executable, "-I", os.path.abspath(__file__), role, str(child.fileno())]
     try:
         popen = subprocess.Popen(
-            [sys.executable, "-I", os.path.abspath(__file__), role, str(child.fileno())],
+            [*command, ",".join(_allowed)],  # the filter's lifted rules (`allow`)
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -439,12 +440,37 @@ code sees. Besides these, `prlimit64` on any process but the caller fails with E
 kernel lets a process change the limits of every other process of its user: the worker's and
 the zygote's)."""
 
+OPTIONAL_RULES: dict[str, tuple[tuple[str, str], ...]] = {
+    # the kernel's AIO contexts come from one quota for the whole host (fs.aio-max-nr): one
+    # episode could take it all, and the host's own processes would get EAGAIN
+    "aio": (("io_setup", "ENOSYS"), ("io_submit", "ENOSYS")),
+    # POSIX message queues: bytes counted per host user, outside every file and memory limit
+    "message_queues": (("mq_open", "EPERM"),),
+}
+"""Refusals an environment class may lift by naming them in its `sandbox_allow` attribute
+(e.g. `sandbox_allow = ("message_queues",)`); refused otherwise."""
+
+_allowed: tuple[str, ...] = ()
+"""The `OPTIONAL_RULES` this process lifts (`allow`): its sessions lift the same."""
+
+
+def allow(features: tuple[str, ...] | list[str]) -> None:
+    """Lift these `OPTIONAL_RULES` in this process's filter and its sessions' (a worker calls
+    it before `start_zygote` and `install_filter`). Raises ValueError for an unknown name."""
+    global _allowed
+    unknown = sorted(set(features) - set(OPTIONAL_RULES))
+    if unknown:
+        raise ValueError(
+            f"unknown sandbox_allow {unknown}; known: {', '.join(sorted(OPTIONAL_RULES))}"
+        )
+    _allowed = tuple(sorted(set(features)))
+
 
 def install_filter(no_new_processes: bool = True) -> str | None:
     """Install this process's seccomp filter (inherited by everything it starts): the
-    `HARDENING_RULES`, `prlimit64` on the caller only, and with `no_new_processes` fork,
-    vfork and process-creating clone fail with EAGAIN (threads still work). Returns None on
-    success, else why it could not.
+    `HARDENING_RULES`, the `OPTIONAL_RULES` not lifted by `allow`, `prlimit64` on the caller
+    only, and with `no_new_processes` fork, vfork and process-creating clone fail with EAGAIN
+    (threads still work). Returns None on success, else why it could not.
 
     The no-new-processes part is how the process backend bounds a fork bomb when it runs as
     root, where RLIMIT_NPROC does not apply.
@@ -499,8 +525,12 @@ def _filter_rules(no_new_processes: bool) -> list[tuple[str, int, tuple[int, int
     import errno
 
     not_equal, masked_eq, clone_thread = 1, 7, 0x00010000
+    refused = list(HARDENING_RULES)
+    for feature, extra in OPTIONAL_RULES.items():
+        if feature not in _allowed:
+            refused += extra
     rules: list[tuple[str, int, tuple[int, int, int] | None]] = [
-        (name, getattr(errno, code), None) for name, code in HARDENING_RULES
+        (name, getattr(errno, code), None) for name, code in refused
     ]
     rules += [("prlimit64", errno.EPERM, (0, not_equal, 0))]  # pid 0: the caller itself
     if no_new_processes:
@@ -526,6 +556,7 @@ def _libseccomp_path() -> str:
 
 def _main(argv: list[str]) -> None:
     role, fd = argv[1], int(argv[2])
+    allow([feature for feature in (argv[3] if len(argv) > 3 else "").split(",") if feature])
     if role == "--zygote":
         _serve_zygote(fd)
     elif role == "--session":

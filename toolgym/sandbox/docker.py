@@ -1,11 +1,15 @@
 """The `docker` backend: one long-lived container per instance, through the docker SDK.
 
-Each container runs the worker (`python3 -m toolgym.sandbox.worker`) and requests travel over
-its attached stdin/stdout (no `exec` per call). Containers start with no network, a read-only
-root, a private /tmp (tmpfs), memory / pids / CPU limits, all capabilities dropped,
-no-new-privileges, and user nobody (65534). The toolgym source (and the folder of an
-environment defined outside it) is bind-mounted read-only; the image holds only Debian's
-python3, so it never needs rebuilding when the code changes.
+Each container runs the worker (`toolgym/sandbox/boot.py`, then the worker) and requests
+travel over its attached stdin/stdout (no `exec` per call). Containers start with no network,
+a read-only root, a private /tmp (tmpfs), memory / pids / CPU / open-files / pending-signal
+limits, all capabilities dropped, no-new-privileges, and a host uid of their own
+(`toolgym.sandbox.identities`: the same pool as the process backend's, so per-user kernel
+counters are never shared between containers). The toolgym source (and the module of an
+environment defined outside it) is bind-mounted read-only at fixed paths and is the worker's
+whole import path beside the standard library (checked by the worker before it starts); the
+host's load, uptime, memory and CPU counters in /proc are replaced by the container's own.
+The image holds only Debian's python3, so it never needs rebuilding when the code changes.
 
 The image is built offline (no registry): `debootstrap` of Debian bookworm with python3 from
 Debian's archive, `docker import`, then a `docker build` layer on top (`build_image()`, about
@@ -32,8 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from toolgym.sandbox.identities import Identity, acquire, pool_range
 from toolgym.sandbox.imports import TOOLGYM_SOURCE, module_root
 from toolgym.sandbox.remote import Channel, Isolation, SandboxError
+from toolgym.sandbox.view import BOOT, proc_masks
 
 IMAGE = "toolgym-sandbox:1"
 BASE_IMAGE = "toolgym-sandbox-base:bookworm"
@@ -146,6 +152,14 @@ class DockerLimits:
     tmp_inodes: int = 16384
     """Files and folders /tmp and /dev/shm may hold each (empty files cost kernel memory
     their size does not count)."""
+    open_files: int = 1024
+    """File descriptors (RLIMIT_NOFILE); also the most its uid may have in flight in
+    SCM_RIGHTS messages."""
+    pending_signals: int = 1024
+    """Signals queued to its processes (RLIMIT_SIGPENDING)."""
+    message_queue_bytes: int = 800 << 10
+    """POSIX message-queue bytes (RLIMIT_MSGQUEUE), for an environment whose `sandbox_allow`
+    names "message_queues" (refused by the seccomp filter otherwise)."""
 
 
 @dataclass
@@ -155,26 +169,61 @@ class DockerBackend:
     Args:
         image: The image (see `build_image`).
         limits: Resource limits.
-        code_paths: Extra host folders mounted read-only and put on PYTHONPATH (the folder of
-            the environment's module is added automatically when it is not in toolgym).
+        code_paths: Extra host folders mounted read-only (at `/opt/code/N`) and put on the
+            worker's import path (the environment's module is mounted at `/opt/module`).
+        uids: The pool of host uids, one per live container (see `toolgym.sandbox.identities`
+            for the default and how it is chosen).
     """
 
     image: str = IMAGE
     limits: DockerLimits = field(default_factory=DockerLimits)
     code_paths: list[str] = field(default_factory=list)
+    uids: range | None = None
     start_timeout: float = 60.0
     name: str = "docker"
 
     def start(self, target: type | None = None) -> DockerChannel:
         """A new container running the worker for `target`, after its hello."""
+        from toolgym.sandbox.process import _sandbox_allow
+
+        allowed = _sandbox_allow(target)
         docker_client = client()
         reap_orphans(docker_client)
+        identity = acquire(self.uids)
+        try:
+            return self._start(docker_client, target, identity, allowed)
+        except BaseException:
+            identity.release()
+            raise
+
+    def _start(
+        self, docker_client: Any, target: type | None, identity: Identity, allowed: list[str]
+    ) -> DockerChannel:
+        import docker
+
         mounts, paths = self._mounts(target)
         limits = self.limits
+        ulimits = [
+            docker.types.Ulimit(name=name, soft=value, hard=value)
+            for name, value in (
+                ("nofile", limits.open_files),
+                ("sigpending", limits.pending_signals),
+                ("msgqueue", limits.message_queue_bytes),
+            )
+        ]
+        environment = {
+            "TOOLGYM_SYS_PATH": ":".join(paths),
+            "TOOLGYM_CHECK_SYS_PATH": "1",
+            # the worker limits its own address space to this, so that an allocation past
+            # the container's memory is a MemoryError the model reads, not an OOM kill
+            "TOOLGYM_MEMORY_BYTES": str(limits.memory_bytes + _THREAD_MARGIN),
+        }
+        if allowed:
+            environment["TOOLGYM_SECCOMP_ALLOW"] = ",".join(allowed)
         container = _create(
             docker_client,
             self.image,
-            command=["python3", "-m", "toolgym.sandbox.worker"],
+            command=["python3", "-I", "-S", "-B", "-u", BOOT],
             stdin_open=True,
             network_mode="none",
             read_only=True,
@@ -182,7 +231,8 @@ class DockerBackend:
             memswap_limit=limits.memory_bytes,
             pids_limit=limits.pids,
             nano_cpus=int(limits.cpus * 1e9),
-            user="65534:65534",
+            ulimits=ulimits,
+            user=f"{identity.uid}:{identity.gid}",
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],
             tmpfs={
@@ -191,13 +241,7 @@ class DockerBackend:
             },
             hostname="sandbox",
             volumes=mounts,
-            environment={
-                "PYTHONPATH": ":".join(paths),
-                "PYTHONSAFEPATH": "1",  # not /tmp (writable) on the worker's import path
-                # the worker limits its own address space to this, so that an allocation past
-                # the container's memory is a MemoryError the model reads, not an OOM kill
-                "TOOLGYM_MEMORY_BYTES": str(limits.memory_bytes + _THREAD_MARGIN),
-            },
+            environment=environment,
             working_dir="/tmp",
             labels={LABEL: "1", OWNER_LABEL: _owner()},
             auto_remove=True,
@@ -212,7 +256,7 @@ class DockerBackend:
         except Exception as error:
             _remove(container)
             raise SandboxError(f"could not start a sandbox container: {error}") from error
-        channel = DockerChannel(container, stream, self._isolation())
+        channel = DockerChannel(container, stream, self._isolation(identity), identity)
         channel.hello(self.start_timeout)
         return channel
 
@@ -221,6 +265,8 @@ class DockerBackend:
         file or package, never the folder around either) and the PYTHONPATH entries they make."""
         mounts = {str(TOOLGYM_SOURCE): {"bind": f"{SOURCE_MOUNT}/toolgym", "mode": "ro"}}
         paths = [SOURCE_MOUNT]
+        for path, source in _proc_files(self.limits).items():
+            mounts[source] = {"bind": path, "mode": "ro"}
         for index, host_path in enumerate(self.code_paths):
             inside = f"/opt/code/{index}"
             mounts[host_path] = {"bind": inside, "mode": "ro"}
@@ -231,8 +277,9 @@ class DockerBackend:
             paths.append("/opt/module")
         return mounts, paths
 
-    def _isolation(self) -> Isolation:
+    def _isolation(self, identity: Identity) -> Isolation:
         limits = self.limits
+        uids = pool_range(self.uids)
         return Isolation(
             backend="docker",
             network=False,
@@ -243,17 +290,27 @@ class DockerBackend:
                 "cpus": limits.cpus,
                 "tmp_bytes": limits.tmp_bytes,
                 "tmp_inodes": limits.tmp_inodes,
+                "open_files": limits.open_files,
+                "pending_signals": limits.pending_signals,
+                "message_queue_bytes": limits.message_queue_bytes,
             },
-            user="65534:65534 (nobody), no capabilities",
+            user=(
+                f"host uid {identity.uid} (its own, from the pool {uids.start}-"
+                f"{uids.stop - 1}), no capabilities"
+            ),
         )
 
 
 class DockerChannel(Channel):
     """The container's attached stdin/stdout (docker's multiplexed stream, demultiplexed)."""
 
-    def __init__(self, container: Any, stream: Any, isolation: Isolation) -> None:
+    def __init__(
+        self, container: Any, stream: Any, isolation: Isolation, identity: Identity | None = None
+    ) -> None:
         super().__init__()
         self.container, self.isolation = container, isolation
+        self.identity = identity
+        """The host uid the container runs as, held until `kill` has removed it."""
         self._socket: socket.socket = getattr(stream, "_sock", stream)
         self._socket.setblocking(False)
         self._raw = b""
@@ -298,14 +355,22 @@ class DockerChannel(Channel):
         with contextlib.suppress(OSError):
             self._socket.close()
         _remove(self.container)
+        if self.identity is not None:  # removed: no process runs as its uid any more
+            self.identity.release()
 
     def exit_description(self) -> str:
         try:
+            logs = self.container.logs(stdout=False, stderr=True, tail=20)
+            tail = logs.decode("utf-8", "replace").strip()[-1500:]
+        except Exception:  # already removed (auto_remove)
+            tail = ""
+        try:
             result = self.container.wait(timeout=2)
             code = result.get("StatusCode")
-            return "killed (memory limit?)" if code == 137 else f"exit code {code}"
+            why = "killed (memory limit?)" if code == 137 else f"exit code {code}"
         except Exception:
-            return "container stopped"
+            why = "container stopped"
+        return f"{why}; its stderr ended with: {tail}" if tail else why
 
 
 # -- ownership and reaping ------------------------------------------------------------------
@@ -440,3 +505,39 @@ def _create(docker_client: Any, image: str, **options: Any) -> Any:
         ) from error
     except docker.errors.DockerException as error:
         raise SandboxError(f"docker could not create a sandbox container: {error}") from error
+
+
+_DOCKER_MAY_MOUNT = ("/proc/diskstats",)
+"""Hidden /proc files that Docker (runc) lets a mount cover; the others stay the host's."""
+_PROC_FILES: dict[str, str] = {}
+_PROC_LOCK = threading.Lock()
+
+
+def _proc_files(limits: DockerLimits) -> dict[str, str]:
+    """Host files (made once per content, in a folder of this process's) that replace the
+    container's /proc counters of the whole host: load, uptime, memory (its limit), CPU time.
+    Docker mounts over these /proc files (as it does for LXCFS); the others stay the host's."""
+    shown, hidden = proc_masks(limits.memory_bytes, limits.cpus)
+    shown.update({path: b"" for path in hidden if path in _DOCKER_MAY_MOUNT})
+    files = {}
+    with _PROC_LOCK:
+        for path, data in shown.items():
+            key = f"{path}:{hash(data)}"
+            if key not in _PROC_FILES or not os.path.exists(_PROC_FILES[key]):
+                folder = _proc_folder()
+                name = f"{len(os.listdir(folder))}-{Path(path).name}"
+                target = os.path.join(folder, name)
+                with open(target, "wb") as stream:
+                    stream.write(data)
+                os.chmod(target, 0o444)
+                _PROC_FILES[key] = target
+            files[path] = _PROC_FILES[key]
+    return files
+
+
+@functools.cache
+def _proc_folder() -> str:
+    folder = tempfile.mkdtemp(prefix="toolgym-docker-proc-")
+    os.chmod(folder, 0o755)
+    atexit.register(shutil.rmtree, folder, True)
+    return folder

@@ -1,13 +1,15 @@
-"""The host user a process-backend worker runs as when toolgym runs as root.
+"""The host account a process-backend worker runs as when toolgym runs as root.
 
 bubblewrap started by root maps the worker's uid 65534 to the host's root: code in the worker
 could then write whatever root may write and the namespaces do not hide (kernel settings
 under `/proc/sys`, root's keyring). So a root host drops each worker to an unprivileged host
-user between fork and exec, before bubblewrap starts (`become`): `toolgym-sandbox` where the
-set-up created it (`scripts/sandbox_setup.sh`), else `nobody`. That user must be able to reach
-every folder the worker's view binds (the interpreter, the virtual environment, toolgym, the
-environment's module); the set-up grants traversal of their parent folders, and `unreachable`
-names the first one it cannot reach.
+identity between fork and exec, before bubblewrap starts (`become`): by default a uid of its
+own from a pool (`toolgym.sandbox.identities`), or one named account for every worker
+(`ProcessBackend(user=...)`). The worker must be able to read what its view binds (the
+interpreter, the virtual environment, toolgym, the environment's module): a root host that can
+mount stages those folders so that no folder above them needs opening
+(`toolgym.sandbox.scratch`), and `unreachable` names the first one the identity still cannot
+read.
 """
 
 from __future__ import annotations
@@ -48,13 +50,14 @@ def sandbox_user(name: str | None = None) -> HostUser | None:
     return None
 
 
-def unreachable(paths: list[str], user: HostUser) -> str | None:
-    """The first of `paths` that `user` cannot read (a folder it cannot list and enter, or a
-    parent it cannot enter), with why; None when all are readable. Permission bits only
-    (no ACLs), the user's own group only (workers run with no supplementary groups)."""
+def unreachable(paths: list[str], user: HostUser, ancestors: bool = True) -> str | None:
+    """The first of `paths` that `user` cannot read (a folder it cannot list and enter, a
+    file it cannot read, or with `ancestors` a parent it cannot enter), with why; None when
+    all are readable. Permission bits only (no ACLs), the user's own group only (workers run
+    with no supplementary groups)."""
     for path in paths:
         target = Path(path).resolve()
-        for hop in [*reversed(target.parents), target]:
+        for hop in [*reversed(target.parents), target] if ancestors else [target]:
             try:
                 info = os.stat(hop)
             except OSError as error:

@@ -4,23 +4,34 @@ walled off with bubblewrap.
 What a worker gets (and reports in `RemoteEnvironment.isolation`; nothing is claimed that was
 not set up):
 
-- resource limits (setrlimit): address space, CPU seconds, open files, file size;
+- resource limits (setrlimit): address space, CPU seconds, open files, file size, pending
+  signals, POSIX message-queue bytes;
 - no new processes: a seccomp filter makes fork/vfork/clone fail (threads still work), since
   RLIMIT_NPROC does not bind root; with `max_processes > 0` the filter is off and
   RLIMIT_NPROC applies instead (only when not running as root). An environment that declares
   `runs_model_code` gets a session zygote started before the filter, so that it can run the
   model's code in processes of its own (`toolgym.envs.python_session`), each under the filter;
-- an allow-listed environment: PATH, HOME=/tmp, LANG, PYTHONPATH and toolgym's own variables,
-  never the host's (no API keys or tokens);
+- an allow-listed environment: PATH, HOME=/tmp, LANG and toolgym's own variables, never the
+  host's (no API keys or tokens);
+- an import path the host chose (`toolgym/sandbox/boot.py`): toolgym, the environment's
+  module and `extra_paths` at fixed read-only paths (`toolgym.sandbox.view`), then the
+  interpreter's own entries; under bubblewrap the worker refuses to start if the sandbox could
+  write any of it;
 - with bubblewrap (`apt-get install bubblewrap`): a user namespace in which the worker is uid
   65534 with no capabilities and no_new_privs; a minimal read-only view of the host (system
-  libraries, the interpreter and its environment, toolgym's source, the environment's own
-  module or package, `extra_paths`) with no home, no `/root`, no `/run` (no host sockets); a
-  private `/tmp` of `tmp_bytes`; no network (its own network namespace, so the host's loopback
-  services are unreachable too), its own PID namespace, and death with the parent. This holds
-  wherever the project and its virtual environment live, `/tmp` included;
+  libraries, the interpreter and its environment, toolgym, the environment's own module or
+  package, `extra_paths`) with no home, no `/root`, no `/run` (no host sockets); a private
+  `/tmp` and `/dev/shm` of `tmp_bytes`; host-wide /proc counters (load, memory, CPU time,
+  pressure, ...) replaced by its own; no network (its own network namespace, so the host's
+  loopback services are unreachable too), its own PID and IPC namespaces, and death with the
+  parent. When this process is root, each worker runs as a host uid of its own
+  (`toolgym.sandbox.identities`), so no per-user kernel counter is shared between workers, and
+  the folders it reads are staged by root (`toolgym.sandbox.scratch`), so a project anywhere,
+  a private home folder or `/tmp` included, works without opening any folder to other
+  accounts;
 - without bubblewrap: `unshare --net` when permitted (no network), else nothing; the
-  filesystem is the host's, and `isolation.notes` says so.
+  filesystem is the host's, and `isolation.notes` says so. A class that runs the model's code
+  is refused there unless `allow_unsandboxed=True`.
 
 A worker that dies while starting reports the last lines it wrote to stderr.
 """
@@ -42,15 +53,17 @@ import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from toolgym.envs.python_session import OPTIONAL_RULES
 from toolgym.sandbox.cgroups import WorkerGroup, remove_stale
 from toolgym.sandbox.host_user import HostUser, become, sandbox_user, unreachable
-from toolgym.sandbox.imports import TOOLGYM_SOURCE, module_root
+from toolgym.sandbox.identities import Identity, acquire, pool_range
+from toolgym.sandbox.imports import TOOLGYM_SOURCE
 from toolgym.sandbox.remote import Channel, Isolation, SandboxError
 from toolgym.sandbox.scratch import Scratch
 from toolgym.sandbox.scratch import remove_stale as remove_stale_scratch
+from toolgym.sandbox.view import BOOT, Bind, guards, host_sys_path, proc_masks, worker_view
 
 _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here, not between fork and exec
@@ -71,9 +84,15 @@ class ProcessLimits:
     cpu_seconds: int = 300
     """CPU time before the kernel kills the worker (RLIMIT_CPU); tool calls also time out."""
     open_files: int = 256
-    """File descriptors (RLIMIT_NOFILE)."""
+    """File descriptors (RLIMIT_NOFILE); also the most descriptors its host uid may have in
+    flight in SCM_RIGHTS messages."""
     file_bytes: int = 64 << 20
     """Largest file the worker may write (RLIMIT_FSIZE)."""
+    pending_signals: int = 1024
+    """Signals queued to the worker and its sessions (RLIMIT_SIGPENDING)."""
+    message_queue_bytes: int = 800 << 10
+    """POSIX message-queue bytes (RLIMIT_MSGQUEUE; Linux's default), for an environment whose
+    `sandbox_allow` names "message_queues" (refused by the seccomp filter otherwise)."""
     max_processes: int = 0
     """0: no new processes at all (seccomp). N > 0: RLIMIT_NPROC = N (ignored for root)."""
     tmp_bytes: int = 64 << 20
@@ -95,24 +114,30 @@ class ProcessLimits:
 
 @dataclass
 class ProcessBackend:
-    """Starts workers as subprocesses of this Python (`python -m toolgym.sandbox.worker`).
+    """Starts workers as subprocesses of this Python (`toolgym/sandbox/boot.py`, then the
+    worker).
 
     Args:
         limits: Resource limits.
         bubblewrap: Use bubblewrap when installed (True) or never (False).
-        extra_paths: Folders added to the worker's PYTHONPATH (this process's sys.path is
-            passed already, so environments importable here are importable there).
-        user: The unprivileged host account workers run as when this process is root
-            (default: `toolgym-sandbox`, made by the set-up, else `nobody`; see
-            `toolgym.sandbox.host_user`). Never root: where no such account can read the
-            worker's view, a class that declares `runs_model_code` is refused and any other
-            runs as root mapped into its namespace, with a warning and a note.
+        extra_paths: Folders put on the worker's import path (bound read-only at
+            `/opt/code/N`); the interpreter's site-packages, toolgym and the environment's own
+            module or package are there already.
+        user: One unprivileged host account for every worker when this process is root
+            (their per-user kernel counters are then shared). Default: a host uid of its own
+            per worker, from `uids`.
+        uids: The pool of host uids for workers of a root host (see
+            `toolgym.sandbox.identities` for the default and how it is chosen).
+        allow_unsandboxed: Run a class that declares `runs_model_code` without bubblewrap
+            (with the user's rights and files, as root on a root host). Refused otherwise.
     """
 
     limits: ProcessLimits = field(default_factory=ProcessLimits)
     bubblewrap: bool = True
     extra_paths: list[str] = field(default_factory=list)
     user: str | None = None
+    uids: range | None = None
+    allow_unsandboxed: bool = False
     start_timeout: float = 30.0
     name: str = "process"
 
@@ -120,10 +145,14 @@ class ProcessBackend:
         """A new worker for `target` (its module made visible), after its hello."""
         _remove_stale_leftovers()
         launch = self._launch(target)
+        try:
+            return self._spawn(target, launch)
+        except BaseException:
+            launch.release()
+            raise
+
+    def _spawn(self, target: type | None, launch: _Launch) -> ProcessChannel:
         isolation = launch.isolation
-        env = _worker_environment(self._import_roots(target), self.limits)
-        if getattr(target, "runs_model_code", False):
-            env["TOOLGYM_CODE_SESSIONS"] = "1"  # a zygote for sessions, started before seccomp
         stderr = tempfile.TemporaryFile()  # noqa: SIM115 (the channel closes it); explains a death at start
         group = WorkerGroup(self.limits.max_tasks, self.limits.cpus, self.limits.total_memory_bytes)
         isolation.limits.update(group.enforced)
@@ -150,25 +179,30 @@ class ProcessBackend:
         # --die-with-parent) fires when the spawning *thread* exits, and rollouts start
         # workers from short-lived pool threads.
         try:
-            spawner = _spawner()
-            process = spawner.submit(
-                subprocess.Popen,
-                launch.command,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                env=env,
-                cwd="/tmp",
-                preexec_fn=prepare_child,
-                start_new_session=True,
-            ).result()
+            process = (
+                _spawner()
+                .submit(
+                    subprocess.Popen,
+                    launch.command,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=stderr,
+                    env=launch.env,
+                    cwd="/tmp",
+                    preexec_fn=prepare_child,
+                    start_new_session=True,
+                    pass_fds=launch.pass_fds,
+                )
+                .result()
+            )
         except (OSError, subprocess.SubprocessError) as error:
             group.remove()
-            if launch.scratch is not None:
-                launch.scratch.remove()
             stderr.close()
             raise SandboxError(f"the worker could not be started: {error}") from error
-        channel = ProcessChannel(process, isolation, stderr, group, launch.scratch)
+        finally:
+            launch.close_data()
+        channel = ProcessChannel(process, isolation, stderr, group, launch.scratch, launch.identity)
+        launch.scratch = launch.identity = None  # the channel's now
         hello = channel.hello(self.start_timeout)
         _record_process_limit(isolation, hello, self.limits)
         if getattr(target, "runs_model_code", False):
@@ -177,16 +211,40 @@ class ProcessBackend:
         return channel
 
     def _launch(self, target: type | None) -> _Launch:
-        """The command, and what the child does before it: the account it becomes and the
-        scratch mounts it makes (both only when this process is root)."""
-        command, isolation = self._command(target)
-        if not command[0].endswith("bwrap"):
-            return _Launch(command, isolation)
+        """The command, its environment, and what the child does before it: the host
+        identity it becomes and the mounts it makes (both only when this process is root)."""
+        allowed = _sandbox_allow(target)
+        bwrap = shutil.which("bwrap") if self.bubblewrap else None
+        if not (bwrap and _works((bwrap, *_BWRAP_PROBE, "--", "true"))):
+            return self._unsandboxed(target, allowed, bwrap_asked=self.bubblewrap)
+        isolation = Isolation(
+            backend="process",
+            network=False,
+            filesystem="minimal read-only view",
+            limits=self._limit_report(),
+            user="uid 65534 in a user namespace, no capabilities, no_new_privs",
+        )
+        isolation.limits["tmp_bytes"] = self.limits.tmp_bytes
+        view = worker_view(target, self.extra_paths)
+        launch = _Launch([], isolation, _worker_environment(view.sys_path, self.limits, allowed))
+        launch.env["TOOLGYM_CHECK_SYS_PATH"] = "1"
+        _code_sessions(launch.env, target)
+        try:
+            self._choose_identity(target, launch, view.binds)
+            arguments = self._bwrap_arguments(view.binds, launch)
+            launch.command = [bwrap, *arguments, "--", *_python(BOOT)]
+        except BaseException:
+            launch.release()
+            raise
+        return launch
+
+    def _choose_identity(self, target: type | None, launch: _Launch, binds: list[Bind]) -> None:
+        """As root: the host identity the worker becomes, and the scratch mounts that stage
+        its view. Refuses a class that runs the model's code where no identity can serve."""
+        isolation = launch.isolation
         root = os.getuid() == 0
-        scratch = None
         if root and _scratch_mounts_work():
-            scratch = Scratch(self.limits.tmp_bytes, self.limits.tmp_inodes)
-            command = _with_scratch(command, scratch)
+            launch.scratch = Scratch(self.limits.tmp_bytes, self.limits.tmp_inodes)
             isolation.limits["tmp_inodes"] = self.limits.tmp_inodes
         else:
             isolation.notes.append(
@@ -195,12 +253,45 @@ class ProcessBackend:
             )
         if not root:
             isolation.user += f", mapped to host uid {os.getuid()}"
-            return _Launch(command, isolation, None, scratch)
-        user, problem = self._host_user(target)
-        if user is None:
+            isolation.notes.append(
+                f"every worker runs as this host's own uid {os.getuid()} (one host identity "
+                "per worker needs root): per-user kernel counters (descriptors in flight, "
+                "inotify instances, pipe buffers, pending signals) are shared between workers"
+            )
+            return
+        problem = ""
+        if self.user is not None:
+            launch.user = sandbox_user(self.user)
+            if launch.user is None:
+                problem = f"no unprivileged host account {self.user}"
+            else:
+                isolation.notes.append(
+                    f"every worker runs as the host account {launch.user}: per-user kernel "
+                    "counters are shared between workers"
+                )
+        else:
+            launch.identity = acquire(self.uids)
+            launch.user = launch.identity.user
+        if launch.user is not None:
+            sources = [bind.source for bind in binds if not bind.system]
+            staged = launch.scratch is not None
+            blocked = unreachable(sources, launch.user, ancestors=not staged)
+            if blocked:
+                problem = f"{launch.user} cannot read {blocked}" + (
+                    " (only the folder's own permission bits matter: other accounts must be "
+                    "able to read it)"
+                    if staged
+                    else "; let it in (`chmod o+x` on a folder it must pass through) or run "
+                    "where root may mount (the view is then staged, nothing needs opening)"
+                )
+            elif not _unprivileged_bwrap_works(launch.user, pooled=launch.identity is not None):
+                problem = (
+                    f"bubblewrap does not start as {launch.user} (no unprivileged user namespaces?)"
+                )
+        if problem:
+            launch.release_identity()
+            launch.user = None
             if getattr(target, "runs_model_code", False):
-                if scratch is not None:
-                    scratch.remove()
                 raise SandboxError(
                     f"refusing to run {getattr(target, '__qualname__', target)}, which runs "
                     f"the model's code, as the host's root: {problem}"
@@ -209,82 +300,109 @@ class ProcessBackend:
             isolation.notes.append(note)
             _warn_once(note)
             isolation.user += ", mapped to the host's root"
-        else:
-            isolation.user += f", mapped to host user {user}"
-        return _Launch(command, isolation, user, scratch)
-
-    def _host_user(self, target: type | None) -> tuple[HostUser | None, str]:
-        """The unprivileged account for a root host, or None and why none can serve."""
-        user = sandbox_user(self.user)
-        if user is None:
-            return None, f"no unprivileged host account {self.user or 'toolgym-sandbox or nobody'}"
-        sources = [source for source, _ in self._view(target)]
-        blocked = unreachable(sources, user)
-        if blocked:
-            return None, (
-                f"{user} cannot read {blocked}; let it in (`chmod o+x` on a folder it must pass "
-                "through, `o+rx` on one it must read; `make sandboxes` does this for the "
-                "interpreter, the virtual environment and the project) or name another "
-                "account with ProcessBackend(user=...)"
+        elif launch.identity is not None:
+            uids = pool_range(self.uids)
+            isolation.user += (
+                f", mapped to host uid {launch.identity.uid} (its own, from the pool "
+                f"{uids.start}-{uids.stop - 1})"
             )
-        if not _works((shutil.which("bwrap") or "bwrap", *_BWRAP_PROBE, "--", "true"), user):
-            return None, f"bubblewrap does not start as {user} (no unprivileged user namespaces?)"
-        return user, ""
+        else:
+            isolation.user += f", mapped to host user {launch.user}"
 
-    def _view(self, target: type | None) -> list[tuple[str, str]]:
-        return _read_only_view(self._import_roots(target), target, self.extra_paths)
+    def _bwrap_arguments(self, binds: list[Bind], launch: _Launch) -> list[str]:
+        """bubblewrap's arguments: namespaces (no nested user namespaces: model code cannot
+        gain capabilities in one of its own), no capabilities, a private /tmp and /dev/shm
+        (the scratch mounts, else bubblewrap's tmpfs), read-only tmpfs guards over the top
+        folders under them that binds pass through, the read-only view (staged, as root),
+        the /proc counters of its own, and a read-only root (bubblewrap's own tmpfs)."""
+        limits, scratch = self.limits, launch.scratch
+        arguments = [
+            "--unshare-user", "--disable-userns", "--uid", "65534", "--gid", "65534",
+            "--cap-drop", "ALL",
+            "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try",
+            # --as-pid-1: no bubblewrap init inside, which would hold the protocol pipes where
+            # the model's code could open them (/proc/1/fd); the worker is PID 1 and untraceable
+            "--as-pid-1", "--die-with-parent", "--new-session", "--hostname", "sandbox",
+            "--proc", "/proc", "--dev", "/dev",
+        ]  # fmt: skip
+        for path, mount in (("/dev/shm", "shm"), ("/tmp", "tmp")):
+            if scratch is not None:
+                arguments += ["--bind", str(getattr(scratch, mount)), path]
+            else:
+                arguments += ["--size", str(limits.tmp_bytes), "--tmpfs", path]
+            if path == "/dev/shm":
+                arguments += ["--remount-ro", "/dev"]
+        tops = guards(binds)
+        for top in tops:  # a project or venv under /tmp: nothing beside it is writable
+            arguments += ["--size", str(1 << 20), "--tmpfs", top]
+        for bind in binds:
+            source = bind.source
+            if scratch is not None and not bind.system:
+                source = scratch.stage(source)
+            arguments += ["--ro-bind", source, bind.dest]
+        for top in tops:
+            arguments += ["--remount-ro", top]
+        shown, hidden = proc_masks(limits.total_memory_bytes or limits.memory_bytes, limits.cpus)
+        for path, data in shown.items():
+            arguments += ["--ro-bind-data", str(launch.data_fd(data)), path]
+        for path in hidden:
+            arguments += ["--ro-bind", "/dev/null", path]
+        return [*arguments, "--remount-ro", "/", "--chdir", "/tmp"]
 
-    def _command(self, target: type | None) -> tuple[list[str], Isolation]:
-        limits = self.limits
-        isolation = Isolation(
-            backend="process",
-            limits={
-                "memory_bytes": limits.memory_bytes,
-                "cpu_seconds": limits.cpu_seconds,
-                "open_files": limits.open_files,
-                "file_bytes": limits.file_bytes,
-            },
-            user=f"uid {os.getuid()}",
-        )
-        worker = [sys.executable, "-m", "toolgym.sandbox.worker"]
-        bwrap = shutil.which("bwrap") if self.bubblewrap else None
-        if bwrap and _works((bwrap, *_BWRAP_PROBE, "--", "true")):
-            isolation.network, isolation.filesystem = False, "minimal read-only view"
-            isolation.user = "uid 65534 in a user namespace, no capabilities, no_new_privs"
-            isolation.limits["tmp_bytes"] = limits.tmp_bytes
-            arguments = _bwrap_arguments(self._view(target), limits.tmp_bytes)
-            return [bwrap, *arguments, "--", *worker], isolation
+    def _unsandboxed(self, target: type | None, allowed: list[str], bwrap_asked: bool) -> _Launch:
+        """A worker without bubblewrap (the host's files with the user's rights): refused for
+        a class that runs the model's code unless `allow_unsandboxed`."""
+        why = "bubblewrap=False" if not bwrap_asked else "bubblewrap is not available here"
+        if getattr(target, "runs_model_code", False) and not self.allow_unsandboxed:
+            who = "as the host's root" if os.getuid() == 0 else "with the user's rights and files"
+            raise SandboxError(
+                f"refusing to run {getattr(target, '__qualname__', target)}, which runs the "
+                f"model's code, without bubblewrap ({why}): its code would run {who}. Install "
+                "bubblewrap (make sandboxes), use the docker backend, or allow it explicitly "
+                "with ProcessBackend(bubblewrap=False, allow_unsandboxed=True) (Ray: "
+                "inner=ProcessBackend(bubblewrap=False, allow_unsandboxed=True))"
+            )
+        isolation = Isolation("process", limits=self._limit_report(), user=f"uid {os.getuid()}")
         isolation.notes.append(
-            "bubblewrap unavailable: the worker sees the host's files with the user's rights"
+            f"bubblewrap unavailable ({why}): the worker sees the host's files with the "
+            "user's rights"
         )
+        env = _worker_environment(host_sys_path(target, self.extra_paths), self.limits, allowed)
+        _code_sessions(env, target)
+        worker = _python(str(TOOLGYM_SOURCE / "sandbox" / "boot.py"))
         unshare = shutil.which("unshare")
         if unshare and _works((unshare, "--net", "true")):
             isolation.network = False
-            return [unshare, "--net", "--", *worker], isolation
+            return _Launch([unshare, "--net", "--", *worker], isolation, env)
         isolation.notes.append("no network namespace available: the worker has the network")
-        return worker, isolation
+        return _Launch(worker, isolation, env)
 
-    def _import_roots(self, target: type | None) -> list[str]:
-        """The folders the worker imports from: `extra_paths`, the one holding the
-        environment's module or package, the one holding toolgym, and the interpreter's own
-        (site-packages and the standard library)."""
-        roots = [*self.extra_paths]
-        module = module_root(target)
-        if module is not None:
-            roots.append(str(module.parent))
-        roots.append(str(TOOLGYM_SOURCE.parent))
-        roots += [entry for entry in sys.path if entry and _inside_interpreter(entry)]
-        return list(dict.fromkeys(roots))
+    def _limit_report(self) -> dict[str, Any]:
+        limits = self.limits
+        return {
+            "memory_bytes": limits.memory_bytes,
+            "cpu_seconds": limits.cpu_seconds,
+            "open_files": limits.open_files,
+            "file_bytes": limits.file_bytes,
+            "pending_signals": limits.pending_signals,
+            "message_queue_bytes": limits.message_queue_bytes,
+        }
 
     def _limit_child(self) -> None:
-        """Runs in the child between fork and exec."""
+        """Runs in the child between fork and exec (after `become`: a limit can only be
+        lowered, so one above this process's hard limit stays at that)."""
         limits = self.limits
         for kind, value in (
             (resource.RLIMIT_AS, limits.memory_bytes),
             (resource.RLIMIT_CPU, limits.cpu_seconds),
             (resource.RLIMIT_NOFILE, limits.open_files),
             (resource.RLIMIT_FSIZE, limits.file_bytes),
+            (resource.RLIMIT_SIGPENDING, limits.pending_signals),
+            (resource.RLIMIT_MSGQUEUE, limits.message_queue_bytes),
         ):
+            hard = resource.getrlimit(kind)[1]
+            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
             resource.setrlimit(kind, (value, value))
         if limits.max_processes > 0:
             resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_processes,) * 2)
@@ -292,27 +410,78 @@ class ProcessBackend:
 
 @dataclass
 class _Launch:
+    """What one worker's start needs, and what it holds until the channel takes over."""
+
     command: list[str]
     isolation: Isolation
+    env: dict[str, str]
     user: HostUser | None = None
+    identity: Identity | None = None
     scratch: Scratch | None = None
+    data: list[int] = field(default_factory=list)
+    """Read ends of pipes whose bytes bubblewrap copies into files (`--ro-bind-data`)."""
+
+    @property
+    def pass_fds(self) -> tuple[int, ...]:
+        return tuple(self.data)
+
+    def data_fd(self, data: bytes) -> int:
+        """A descriptor bubblewrap reads `data` from (a pipe, written and closed here)."""
+        read, write = os.pipe()
+        try:
+            os.write(write, data)  # small: far below a pipe's buffer
+        finally:
+            os.close(write)
+        self.data.append(read)
+        return read
+
+    def close_data(self) -> None:
+        for fd in self.data:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.data = []
+
+    def release_identity(self) -> None:
+        if self.identity is not None:
+            self.identity.release()
+            self.identity = None
+
+    def release(self) -> None:
+        """Everything held, when the worker never started."""
+        self.close_data()
+        self.release_identity()
+        if self.scratch is not None:
+            self.scratch.remove()
+            self.scratch = None
+
+
+def _python(script: str) -> list[str]:
+    """The interpreter on `script`, isolated: no site (no `.pth` files), no PYTHON*
+    variables, no working folder on the path, no bytecode written, unbuffered."""
+    return [sys.executable, "-I", "-S", "-B", "-u", script]
+
+
+def _sandbox_allow(target: type | None) -> list[str]:
+    """The seccomp refusals `target` lifts (its `sandbox_allow`), checked."""
+    allowed = list(getattr(target, "sandbox_allow", ()) or ())
+    unknown = sorted(set(allowed) - set(OPTIONAL_RULES))
+    if unknown:
+        raise SandboxError(
+            f"{getattr(target, '__qualname__', target)}.sandbox_allow names {unknown}; known: "
+            f"{', '.join(sorted(OPTIONAL_RULES))}"
+        )
+    return allowed
+
+
+def _code_sessions(env: dict[str, str], target: type | None) -> None:
+    if getattr(target, "runs_model_code", False):
+        env["TOOLGYM_CODE_SESSIONS"] = "1"  # a zygote for sessions, started before seccomp
 
 
 def _die_with_parent() -> None:
     """The parent-death signal (the worker dies with us, even without bubblewrap)."""
     with contextlib.suppress(OSError, AttributeError):
         _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def _with_scratch(command: list[str], scratch: Scratch) -> list[str]:
-    """bubblewrap's arguments with the scratch mounts bound in place of its own tmpfs."""
-    replaced = []
-    for source, path in ((scratch.shm, "/dev/shm"), (scratch.tmp, "/tmp")):
-        at = next(i for i in range(len(command) - 3) if command[i + 2 : i + 4] == ["--tmpfs", path])
-        replaced.append((at, ["--bind", str(source), path]))
-    for at, arguments in sorted(replaced, reverse=True):
-        command = [*command[:at], *arguments, *command[at + 4 :]]
-    return command
 
 
 @functools.cache
@@ -332,104 +501,21 @@ def _scratch_mounts_work() -> bool:
         scratch.remove()
 
 
-_SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-# Files under /etc that programs read and that hold no secrets.
-_ETC = (
-    "/etc/ld.so.cache",
-    "/etc/localtime",
-    "/etc/alternatives",
-    "/etc/ssl/certs",
-    "/etc/nsswitch.conf",
-)
-_HOSTS = Path(__file__).with_name("hosts")
-"""The worker's /etc/hosts (localhost and its own name: not the host's names)."""
 _BWRAP_PROBE = ("--unshare-user", "--cap-drop", "ALL", "--ro-bind", "/", "/", "--unshare-net")
 
 
-def _bwrap_arguments(binds: list[tuple[str, str]], tmp_bytes: int) -> list[str]:
-    """bubblewrap's arguments: namespaces (no nested user namespaces: model code cannot gain
-    capabilities in one of its own), no capabilities, the read-only view (`(source, path)`
-    pairs), a private /tmp and /dev/shm of `tmp_bytes` each, a read-only /dev, and a read-only
-    root (bubblewrap's own tmpfs) over it all."""
-    arguments = [
-        "--unshare-user", "--disable-userns", "--uid", "65534", "--gid", "65534",
-        "--cap-drop", "ALL",
-        "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-        # --as-pid-1: no bubblewrap init inside, which would hold the protocol pipes where
-        # the model's code could open them (/proc/1/fd); the worker is PID 1 and untraceable
-        "--as-pid-1", "--die-with-parent", "--new-session", "--hostname", "sandbox",
-        "--proc", "/proc", "--dev", "/dev",
-        "--size", str(tmp_bytes), "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
-        "--size", str(tmp_bytes), "--tmpfs", "/tmp",
-    ]  # fmt: skip
-    for source, path in binds:  # after /tmp: a project or venv under /tmp is bound over it
-        arguments += ["--ro-bind", source, path]
-    arguments += ["--ro-bind", str(_HOSTS), "/etc/hosts"]
-    return [*arguments, "--remount-ro", "/", "--chdir", "/tmp"]
-
-
-def _read_only_view(
-    roots: list[str], target: type | None, extra: list[str]
-) -> list[tuple[str, str]]:
-    """What the worker may read, as `(source, path)` binds: system folders, harmless /etc
-    files, the interpreter (every hop of its symlink chain, and the base interpreter a venv
-    points to), toolgym, the environment's module or package, and the `extra` folders the
-    user named (at the path given, even when it is a symlink)."""
-    named = [(str(Path(p).resolve()), os.path.abspath(p)) for p in extra if os.path.exists(p)]
-    paths = [p for p in (*_SYSTEM, *_ETC) if os.path.exists(p)]
-    paths += [str(hop.parent) for hop in _symlink_chain(Path(sys.executable))]
-    for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}:
-        paths.append(str(Path(prefix).resolve()))
-        paths.append(prefix)
-    paths.append(str(TOOLGYM_SOURCE))
-    module = module_root(target)
-    if module is not None:
-        paths.append(str(module))
-    paths += [root for root in roots if _inside_interpreter(root)]
-    existing = [p for p in dict.fromkeys(paths) if os.path.exists(p)]
-    return [(p, p) for p in _outermost(existing)] + named
-
-
-def _symlink_chain(path: Path) -> list[Path]:
-    """`path` and every path its symlinks lead through (a venv's python -> a tool's python ->
-    the real interpreter)."""
-    chain = [path]
-    while chain[-1].is_symlink() and len(chain) < 40:
-        target = Path(os.readlink(chain[-1]))
-        chain.append(target if target.is_absolute() else chain[-1].parent / target)
-    return chain
-
-
-def _inside_interpreter(path: str) -> bool:
-    """Whether a sys.path entry belongs to the interpreter (stdlib, site-packages)."""
-    resolved = str(Path(path).resolve())
-    prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
-    return any(
-        resolved.startswith(str(Path(p).resolve()) + os.sep) or resolved == p for p in prefixes
-    )
-
-
-def _outermost(paths: list[str]) -> list[str]:
-    """Drop paths inside another one of the list (binding the outer one covers them)."""
-    ordered = sorted(paths, key=len)
-    kept: list[str] = []
-    for path in ordered:
-        if not any(path == k or path.startswith(k.rstrip(os.sep) + os.sep) for k in kept):
-            kept.append(path)
-    return kept
-
-
-def _worker_environment(roots: list[str], limits: ProcessLimits) -> dict[str, str]:
+def _worker_environment(
+    sys_path: list[str], limits: ProcessLimits, allowed: list[str]
+) -> dict[str, str]:
     """The worker's whole environment: nothing from the host's but the locale."""
     env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
         "HOME": "/tmp",
         "LANG": os.environ.get("LANG", "C.UTF-8"),
-        "PYTHONPATH": os.pathsep.join(roots),
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONSAFEPATH": "1",  # not the working folder (/tmp, writable) on the import path
+        "TOOLGYM_SYS_PATH": os.pathsep.join(sys_path),
     }
+    if allowed:
+        env["TOOLGYM_SECCOMP_ALLOW"] = ",".join(allowed)
     if limits.max_processes == 0:
         env["TOOLGYM_NO_NEW_PROCESSES"] = "1"
     return env
@@ -457,6 +543,20 @@ def _works(command: tuple[str, ...], user: HostUser | None = None) -> bool:
         return False
 
 
+_pool_probe: list[bool] = []
+
+
+def _unprivileged_bwrap_works(user: HostUser, pooled: bool) -> bool:
+    """Whether bubblewrap starts as `user`: once per process for the pool's identities (the
+    first one answers for all), once per named account."""
+    probe = (shutil.which("bwrap") or "bwrap", *_BWRAP_PROBE, "--", "true")
+    if not pooled:
+        return _works(probe, user)
+    if not _pool_probe:
+        _pool_probe.append(_works(probe, user))
+    return _pool_probe[0]
+
+
 def _record_process_limit(isolation: Isolation, hello: dict, limits: ProcessLimits) -> None:
     if limits.max_processes == 0:
         if hello.get("no_new_processes"):
@@ -478,10 +578,13 @@ class ProcessChannel(Channel):
         stderr: Any = None,
         group: WorkerGroup | None = None,
         scratch: Scratch | None = None,
+        identity: Identity | None = None,
     ) -> None:
         super().__init__()
         self.process, self.isolation, self._stderr = process, isolation, stderr
         self._group, self._scratch = group, scratch
+        self.identity = identity
+        """The host uid the worker runs as (held until `kill`), when this process is root."""
         assert process.stdin is not None and process.stdout is not None
         self._out = process.stdout.fileno()
         os.set_blocking(self._out, False)
@@ -528,6 +631,8 @@ class ProcessChannel(Channel):
         if self._scratch is not None:
             self._scratch.remove()
             self._scratch = None
+        if self.identity is not None:  # after the wait: the uid's next worker finds none alive
+            self.identity.release()
         for stream in (self.process.stdin, self.process.stdout):
             try:
                 if stream is not None:

@@ -1,7 +1,7 @@
 """The worker: hosts one environment instance and answers requests over a byte stream.
 
-Standard library only (it runs in a minimal container image); started as
-`python3 -m toolgym.sandbox.worker` with the project's source on `PYTHONPATH`.
+Standard library only (it runs in a minimal container image); started by
+`toolgym/sandbox/boot.py`, which sets and checks its import path first.
 
 Protocol (version 2): JSON lines. The worker first writes a hello line
 `{"v": 2, "hello": {"pid": ..., "python": "3.11.2"}}`, then answers each request line with
@@ -44,6 +44,7 @@ from typing import Any, BinaryIO
 from toolgym.envs.calls import ToolCall
 from toolgym.envs.protocol import INVOKABLE
 from toolgym.envs.python_session import (
+    allow,
     install_filter,
     make_untraceable,
     start_zygote,
@@ -277,6 +278,8 @@ def main() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (int(memory), int(memory)))
     make_untraceable()  # model code in a session may not ptrace or open /proc of this process
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # as PID 1 (bubblewrap) nothing else kills it
+    # the filter's refusals the environment class lifted (its `sandbox_allow`)
+    allow([name for name in os.environ.get("TOOLGYM_SECCOMP_ALLOW", "").split(",") if name])
     no_new_processes = os.environ.get("TOOLGYM_NO_NEW_PROCESSES") == "1"
     if no_new_processes and os.environ.get("TOOLGYM_CODE_SESSIONS") == "1":
         start_zygote()  # sessions for model code fork from it (envs/python_session.py)
@@ -285,7 +288,7 @@ def main() -> None:
     hello["no_new_processes"] = no_new_processes and problem is None
     if problem:
         hello["notes"] = [
-            f"no seccomp filter (keyring, io_uring, memfd, SysV IPC and "
+            f"no seccomp filter (keyring, io_uring, AIO, memfd, SysV and POSIX IPC and "
             f"prlimit on other processes are open; new processes are not "
             f"blocked): {problem}"
         ]

@@ -19,6 +19,7 @@ LAYERS = [
     "agents",
     "gym",
     "algorithms",
+    "trl",  # TRL's names over the trainer (toolgym.trl)
     "testing",
     "viewer",
     "cli",

@@ -326,7 +326,8 @@ class Episode:
         (never raises)."""
         try:
             first = await asyncio.to_thread(self.env.reset, seed=self.seed, **self.row)
-            context = RolloutContext(self, _prompt_messages(self.prompt, first))
+            joiner = "" if getattr(self.env, "trl_shaped", False) else "\n\n"  # TRL: appended
+            context = RolloutContext(self, _prompt_messages(self.prompt, first, joiner))
             if rollout_fn is None:
                 inline = getattr(self.env, "inline_markers", None)
                 rollout_fn = inline_rollout if inline else chat_rollout
@@ -510,8 +511,11 @@ class Episode:
         return trajectory
 
 
-def _prompt_messages(prompt: Any, first_observation: str | None) -> list[dict[str, Any]]:
-    """The row's prompt as messages, with reset()'s observation appended to the last user turn."""
+def _prompt_messages(
+    prompt: Any, first_observation: str | None, joiner: str = "\n\n"
+) -> list[dict[str, Any]]:
+    """The row's prompt as messages, with reset()'s observation appended to the last user turn
+    after `joiner` (a blank line; nothing for a class written for TRL, as TRL appends it)."""
     if prompt is None:
         messages: list[dict[str, Any]] = []
     elif isinstance(prompt, str):
@@ -521,7 +525,7 @@ def _prompt_messages(prompt: Any, first_observation: str | None) -> list[dict[st
     if first_observation:
         first_observation = valid_text(first_observation)
         if messages and messages[-1]["role"] == "user":
-            messages[-1]["content"] = f"{messages[-1]['content']}\n\n{first_observation}"
+            messages[-1]["content"] = f"{messages[-1]['content']}{joiner}{first_observation}"
         else:
             messages.append({"role": "user", "content": first_observation})
     if not messages:

@@ -18,7 +18,14 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from toolgym.envs.tools import UnrenderableResult, blocks_text, image_blocks, render_result
+from toolgym.envs.tools import (
+    UnrenderableResult,
+    blocks_text,
+    image_blocks,
+    render_result,
+    render_trl_error,
+    render_trl_result,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -185,6 +192,10 @@ class PreparedCall:
     call: ToolCall
     function: Callable[..., Any]
     arguments: dict[str, Any]
+    trl_text: bool = False
+    """Render as TRL renders a tool's outcome (a class written for TRL's environment_factory,
+    or plain tool functions): `str(value)`, and `str({"error": str(exception)})` for a tool
+    that raised (`render_trl_result`)."""
 
     def run(self) -> ToolResult:
         """Call the tool (a coroutine is run to completion) and render its outcome."""
@@ -212,6 +223,11 @@ class PreparedCall:
         return self._rendered(value)
 
     def _failed(self, error: Exception) -> ToolResult:
+        if self.trl_text:
+            text = render_trl_error(str(error))
+            if isinstance(error, ToolError):
+                return ToolResult(self.call, text, "tool_error")
+            return ToolResult(self.call, text, "tool_exception")
         if isinstance(error, ToolError):
             return ToolResult(self.call, f"Error: {error}", "tool_error")
         name = self.call.name
@@ -224,6 +240,8 @@ class PreparedCall:
             blocks = image_blocks(value)
             if blocks is not None:
                 return ToolResult(self.call, blocks_text(blocks), blocks=blocks)
+            if self.trl_text:
+                return ToolResult(self.call, render_trl_result(value))
             return ToolResult(self.call, render_result(value))
         except UnrenderableResult:
             raise  # not the model's error to read: the episode ends, naming it

@@ -45,6 +45,7 @@ from toolgym.envs.tools import (
     ToolArgumentError,
     decode_arguments,
     instance_tools,
+    is_environment_class,
     marked_ends_episode,
     own_methods,
     tool_table,
@@ -270,7 +271,8 @@ class LocalExecutor(Executor):
         self._optional("close")
 
     def _prepared(self, call: ToolCall, arguments: dict[str, Any]) -> PreparedCall:
-        return PreparedCall(call, getattr(self.instance, call.name), arguments)
+        trl_text = not is_environment_class(self.target)  # a class written for TRL
+        return PreparedCall(call, getattr(self.instance, call.name), arguments, trl_text)
 
     def _over(self) -> bool:
         return self.answered or self.done()
@@ -362,6 +364,16 @@ class Stepper:
         """The environment instance this Stepper steps (`env.unwrapped.answer`); None for a
         sandboxed one, which lives in another process."""
         return getattr(self.executor, "instance", None)
+
+    @property
+    def trl_shaped(self) -> bool:
+        """Whether this steps a class written for TRL's `environment_factory` (a plain class,
+        or plain tool functions): the model then reads what TRL shows it (TRL's schemas, tool
+        results as `str(value)`, reset's observation appended to the prompt as TRL appends
+        it; docs/trl.md). False for `toolgym.Environment` subclasses and executor-backed
+        environments (MCP, OpenEnv)."""
+        target = self.executor.target
+        return target is not type(self.executor) and not is_environment_class(target)
 
     # -- the episode ---------------------------------------------------------------------------
     def reset(self, seed: int | None = None, **row: Any) -> str | None:

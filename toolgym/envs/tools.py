@@ -78,8 +78,10 @@ class Tool:
         return {name: getattr(parsed, name) for name in type(parsed).model_fields}
 
 
-def make_tool(function: Callable[..., Any], owner: str = "") -> Tool:
-    """Build a Tool from a method or function; `owner` names its class in error messages."""
+def make_tool(function: Callable[..., Any], owner: str = "", trl_schema: bool = False) -> Tool:
+    """Build a Tool from a method or function; `owner` names its class in error messages.
+    `trl_schema`: the schema exactly as TRL builds it (`get_json_schema`, its `return` kept,
+    no defaults added), for classes written for TRL."""
     qualified = f"{owner}.{function.__name__}" if owner else function.__name__
     parameters = _tool_parameters(function, qualified)
     from transformers.utils import get_json_schema
@@ -97,9 +99,10 @@ def make_tool(function: Callable[..., Any], owner: str = "") -> Tool:
             f"(a summary line and an `Args:` entry per parameter), or rename it "
             f"`_{function.__name__}` to keep it private."
         ) from None
-    schema["function"].pop("return", None)
+    if not trl_schema:
+        schema["function"].pop("return", None)
     properties = schema["function"]["parameters"]["properties"]
-    for param in parameters:
+    for param in parameters if not trl_schema else ():
         if param.default is not inspect.Parameter.empty and _is_json(param.default):
             properties[param.name]["default"] = param.default
     return Tool(
@@ -207,8 +210,9 @@ def tool_table(cls: type) -> dict[str, Tool]:
     cached = _tables.get(cls)
     if cached is not None and cached[0] == fingerprint:
         return cached[1]
+    trl_schema = not is_environment_class(cls)  # written for TRL: its schemas, as TRL's
     table = {
-        name: make_tool(function, owner=cls.__name__)
+        name: make_tool(function, owner=cls.__name__, trl_schema=trl_schema)
         for name, function in tool_methods(cls).items()
     }
     _tables[cls] = (fingerprint, table)
@@ -294,6 +298,19 @@ class UnrenderableResult(TypeError):
 
 TEXT_BLOCK_TYPES = frozenset({"text", "input_text", "output_text"})
 MEDIA_BLOCK_TYPES = frozenset({"image", "image_url", "input_image", "audio", "input_audio"})
+
+
+def render_trl_result(value: Any) -> str:
+    """A tool's return value as TRL 1.16 shows it to the model: `str(value)` (a list of text
+    blocks as its texts, as for any class), valid Unicode."""
+    if _is_content_blocks(value):
+        return render_result(value)
+    return valid_text(str(value))
+
+
+def render_trl_error(message: str) -> str:
+    """A failed call as TRL 1.16 shows it: `str({"error": message})`."""
+    return valid_text(str({"error": message}))
 
 
 def render_result(value: Any) -> str:

@@ -28,6 +28,7 @@ from toolgym.cli.episodes import add_episode_commands
 from toolgym.cli.errors import CLIError
 from toolgym.cli.multinode import add_accelerate_config_command
 from toolgym.cli.serve import add_serve_command
+from toolgym.cli.terminal import terminal_text
 from toolgym.cli.train import add_train_command
 
 __all__ = ["CLIError", "build_parser", "main"]
@@ -56,5 +57,5 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except CLIError as error:
-        print(f"toolgym {args.command}: error: {error}", file=sys.stderr)
+        print(f"toolgym {args.command}: error: {terminal_text(error)}", file=sys.stderr)
         return 2

@@ -13,6 +13,7 @@ from toolgym.agents.limits import AgentLimits
 from toolgym.agents.trajectory import save_jsonl, summarize
 from toolgym.cli.env_spec import ResolvedEnv, read_rows, resolve_env
 from toolgym.cli.errors import CLIError
+from toolgym.cli.terminal import escape_log_output, terminal_text
 from toolgym.sandbox import BACKENDS
 
 ENV_HELP = (
@@ -26,7 +27,7 @@ def list_environments(args: argparse.Namespace) -> int:
     """`toolgym envs`: the registered ids (and their tools)."""
     for env_id in toolgym.list_envs(namespace=args.namespace):
         spec = toolgym.spec(env_id)
-        print(f"{env_id:24} {spec.description or ''}".rstrip())
+        print(terminal_text(f"{env_id:24} {spec.description or ''}".rstrip()))
         if args.tools:  # schemas come from the class: no sandbox is started to read them
             env = toolgym.make(env_id, sandbox="local")
             try:
@@ -35,7 +36,7 @@ def list_environments(args: argparse.Namespace) -> int:
                 env.close()
             for tool in tools:
                 function = tool["function"]
-                print(f"{'':26}{function['name']}: {function['description']}")
+                print(terminal_text(f"{'':26}{function['name']}: {function['description']}"))
     return 0
 
 
@@ -91,6 +92,7 @@ def play(args: argparse.Namespace) -> int:
 
     from toolgym.cli.show import print_message, print_outcome
 
+    escape_log_output()  # a warning may quote the model
     env_spec = resolve_env(args.env)
     rows = episode_rows(args, env_spec, 1)
     envs = make_envs(args, env_spec, 1)  # before the model: a bad --env-kwargs fails fast
@@ -112,12 +114,14 @@ def evaluate(args: argparse.Namespace) -> int:
     """`toolgym eval`: N episodes, their summary, and (`--output`) the trajectories."""
     from tqdm.auto import tqdm
 
+    escape_log_output()
     env_spec = resolve_env(args.env)
     rows = episode_rows(args, env_spec, args.n)
     envs = make_envs(args, env_spec, len(rows))
     try:
         agent = build_agent(args)
-        with tqdm(total=len(rows), desc=f"eval {args.env}", unit="episode") as bar:
+        desc = terminal_text(f"eval {args.env}")
+        with tqdm(total=len(rows), desc=desc, unit="episode") as bar:
             trajectories = agent.run(
                 envs,
                 rows,
@@ -132,15 +136,17 @@ def evaluate(args: argparse.Namespace) -> int:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         save_jsonl(trajectories, args.output)
         if not args.json:
-            print(f"trajectories: {args.output} (open them with: toolgym view {args.output})")
+            where = terminal_text(args.output)
+            print(f"trajectories: {where} (open them with: toolgym view {where})")
     return 0
 
 
 def format_summary(env_id: str, s: dict[str, Any]) -> str:
-    """The summary as one line of text (and the environment's skill metrics, per episode)."""
+    """The summary as one line of text (and the environment's skill metrics, per episode),
+    safe for a terminal (metric names are the environment's text)."""
     statuses = ", ".join(f"{k} {v}" for k, v in sorted(s["statuses"].items()))
     skills = "".join(f"; {name} {value:.2f}" for name, value in s["env"].items())
-    return (
+    return terminal_text(
         f"{env_id}: {s['episodes']} episodes, success rate {s['success_rate']:.1%}, mean reward "
         f"{s['reward']:.3f}, mean turns {s['turns']:.2f}, tool calls per episode "
         f"{s['tool_calls']:.2f} ({s['tool_failures']:.2f} failed); statuses: {statuses}{skills}"

@@ -4,21 +4,21 @@ Each message gets a header rule naming its role; the assistant's tool calls are 
 `name(arguments)`, tool results under the tool's name, failed ones in red, and a last line
 gives the status, reward, turns and tool calls. `rich` colours only a terminal: piped or
 redirected, the same text comes out plain, without escape codes (and `NO_COLOR` is honoured).
+Every piece of text from the model or the environment (contents, tool names, roles, errors,
+metric names) goes through `toolgym.cli.terminal.terminal_text` first: it cannot drive the
+terminal (clear it, retitle it, write the clipboard).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from rich.console import Console
 from rich.text import Text
 
 from toolgym.agents.trajectory import INFRASTRUCTURE_FAILURES, MODEL_FAILURES, Trajectory
-
-CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-"""C0 and C1 control characters but tab and newline: shown escaped (`\\x1b`)."""
+from toolgym.cli.terminal import terminal_text
 
 ROLE_STYLES = {
     "system": "bold blue",
@@ -61,18 +61,18 @@ def print_outcome(trajectory: Trajectory, console: Console) -> None:
     """The status line, the error if any, and the environment's skill metrics."""
     console.print(status_line(trajectory), soft_wrap=True)
     if trajectory.env_metrics:
-        skills = " · ".join(f"{k} {v:g}" for k, v in trajectory.env_metrics.items())
+        skills = " · ".join(f"{_text(k)} {v:g}" for k, v in trajectory.env_metrics.items())
         console.print(Text(f"    {skills}", style="dim"), soft_wrap=True)
     if trajectory.error:
-        console.print(Text(f"error: {trajectory.error}", style="bold red"), soft_wrap=True)
+        console.print(Text(f"error: {_text(trajectory.error)}", style="bold red"), soft_wrap=True)
 
 
 def print_message(message: dict[str, Any], console: Console) -> None:
     """One message: a header rule, then its text (and, for the assistant, its calls)."""
-    role = message.get("role", "?")
+    role = _text(message.get("role", "?"))
     if role == "tool":
         failed = is_tool_failure(message)
-        title = f"tool {message.get('name', '')}".rstrip() + (" (failed)" if failed else "")
+        title = f"tool {_text(message.get('name', ''))}".rstrip() + (" (failed)" if failed else "")
         console.rule(Text(title, style="bold red" if failed else ROLE_STYLES["tool"]), align="left")
         console.print(Text(_text(message.get("content")), style="red" if failed else ""))
         return
@@ -102,7 +102,7 @@ def status_line(trajectory: Trajectory) -> Text:
     metrics = trajectory.metrics
     style = "bold red" if trajectory.status in INFRASTRUCTURE_FAILURES else "bold"
     parts = [
-        f"status {trajectory.status}",
+        f"status {_text(trajectory.status)}",
         "reward none" if trajectory.reward is None else f"reward {trajectory.reward:.3f}",
         f"turns {metrics.get('turns', 0):.0f}",
         f"tool calls {metrics.get('tool_calls', 0):.0f} "
@@ -115,11 +115,11 @@ def status_line(trajectory: Trajectory) -> Text:
 
 
 def _text(value: Any) -> str:
-    """Message content as text (multimodal content lists keep their text parts), with control
-    characters made visible: text the model wrote must not drive the terminal (clear it,
-    retitle it, write links)."""
+    """Message content as text (multimodal content lists keep their text parts), made safe for
+    the terminal (`terminal_text`): text the model wrote must not drive it (clear it,
+    retitle it, write the clipboard or links)."""
     if value is None:
         return ""
     if isinstance(value, list):
         value = "\n".join(str(part.get("text", part)) for part in value if isinstance(part, dict))
-    return CONTROL_CHARACTERS.sub(lambda m: repr(m.group())[1:-1], str(value))
+    return terminal_text(value)

@@ -290,12 +290,18 @@ def test_a_program_that_fails_or_passes_the_limits_ends_with_a_named_status(toke
     from toolgym.agents.program import program_rollout
 
     async def crashes(base_url, api_key, row, env):
-        raise RuntimeError("the agent's own bug")
+        raise RuntimeError("the model's text broke the agent")
+
+    async def own_bug(base_url, api_key, row, env):
+        raise toolgym.EnvironmentBug("the agent's own bug")
 
     agent = scripted_agent(tokenizer, ["again<|im_end|>"], max_turns=1)
     wordle = toolgym.make("Wordle-v0")
+    # a program handles the model's text: its failure is the model's unless it says otherwise
     (crashed,) = agent.run([wordle], wordle_rows(1), rollout_fn=program_rollout(crashes))
-    assert crashed.status == "env_error" and "the agent's own bug" in crashed.error
+    assert crashed.status == "tool_crash" and "the model's text broke" in crashed.error
+    (bug,) = agent.run([wordle], wordle_rows(1), rollout_fn=program_rollout(own_bug))
+    assert bug.status == "env_error" and "the agent's own bug" in bug.error
 
     async def chats_forever(base_url, api_key, row, env):
         async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:

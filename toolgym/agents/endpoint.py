@@ -147,7 +147,12 @@ class Endpoint:
         async with session.calling:
             prompt_ids, observation = self._prompt(session, request)
             sampling = self._sampling(session, request, prompt_ids, observation)
-            completion = await self._generate(GenerationRequest(prompt_ids, sampling, session=key))
+            try:
+                generation = GenerationRequest(prompt_ids, sampling, session=key)
+                completion = await self._generate(generation)
+            except EndpointError as error:  # the engine's failure: the session says so
+                session.status, session.error = "engine_error", error.message
+                raise
             text = self._decode(completion)
             parsed = await asyncio.to_thread(self._parsed, text, request)  # off the loop
             reply = reply_message(text, parsed)

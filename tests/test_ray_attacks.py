@@ -8,6 +8,7 @@ Skips as `test_ray_backend.py` does (no Ray, no bubblewrap) unless TOOLGYM_REQUI
 
 from __future__ import annotations
 
+import os
 import tempfile
 import textwrap
 from pathlib import Path
@@ -16,6 +17,8 @@ import pytest
 import test_ray_backend  # skips without Ray or bubblewrap, unless TOOLGYM_REQUIRE_SANDBOXES=1
 from test_ray_backend import _wait, run
 from test_sandbox_attacks import _LEAVE_BEHIND, _LOOK_BEHIND, _PREAMBLE, ANSWER, ATTACKS, SECRET
+from test_sandbox_identities import HOG_STOPS, HOGS, VICTIMS
+from test_sandbox_import_path import grade_after_planting, write_lazy_grader
 
 import toolgym
 from toolgym.envs.python_repl import PythonREPL
@@ -103,3 +106,64 @@ def test_nothing_reaches_the_next_episode(ray_repl):
     assert "found ['/tmp/left-behind', '/dev/shm/left-behind']" in run(env, _LOOK_BEHIND)
     env.reset(task="second", answer=ANSWER)
     assert "found []" in run(env, _LOOK_BEHIND)
+
+
+@pytest.mark.parametrize(
+    "family",
+    ["descriptors in flight (SCM_RIGHTS)", "inotify instances", "pending real-time signals"],
+)
+def test_one_episode_cannot_exhaust_a_per_user_counter_of_another_on_a_node(cluster, family):
+    """Two Ray-hosted workers on node "b": A takes a per-user kernel counter to its limit, B
+    is untouched (each worker runs as a host uid of its own on the node)."""
+    import re
+
+    before = set(list_sandbox_actors())  # (the module's REPL may hold one)
+    backend = RayBackend(resources={"b": 0.5, "num_cpus": 0.5}, inner=INNER)
+    options = {"run_timeout": 60.0, "max_turns": 50}
+    a = sandboxed(PythonREPL, options, backend, call_timeout=120)
+    b = sandboxed(PythonREPL, options, backend, call_timeout=120)
+    try:
+        a.reset(task="hog", answer="x")
+        assert HOG_STOPS[family] in run(a, textwrap.dedent(HOGS[family]))
+        b.reset(task="victim", answer="x")
+        code, expected = VICTIMS[family]
+        assert expected in run(b, textwrap.dedent(code))
+        assert "value: 42" in run(b, "6 * 7")
+        uids = [re.search(r"host uid (\d+)", env.isolation.user) for env in (a, b)]
+        if os.getuid() == 0:
+            assert all(uids) and uids[0].group(1) != uids[1].group(1), [a.isolation, b.isolation]
+    finally:
+        a.close()
+        b.close()
+    _wait(lambda: set(list_sandbox_actors()) <= before, 60, f"left: {list_sandbox_actors()}")
+
+
+def test_a_module_planted_by_the_model_never_reaches_a_lazy_grader_on_a_node(cluster, tmp_path):
+    """The environment's module under /tmp (imported by the actor through Ray's runtime
+    environment): the model's code plants `fractions.py` wherever it can; a wrong answer
+    still scores 0."""
+    import importlib
+    import sys
+
+    before = set(list_sandbox_actors())  # (the module's REPL may hold one)
+    folder = tmp_path / "project"
+    write_lazy_grader(folder)
+    sys.path.insert(0, str(folder))
+    try:
+        grader = importlib.import_module("lazy_grader_env").LazyGrader
+        backend = RayBackend(
+            resources={"b": 1}, inner=INNER, runtime_env={"env_vars": {"PYTHONPATH": str(folder)}}
+        )
+        env = sandboxed(grader, {"run_timeout": 20.0}, backend, call_timeout=60)
+        try:
+            known = [str(folder), str(TOOLGYM_SOURCE.parent), str(TOOLGYM_SOURCE)]
+            read, wrong, right = grade_after_planting(env, known)
+        finally:
+            env.close()
+    finally:
+        sys.path.remove(str(folder))
+        sys.modules.pop("lazy_grader_env", None)
+    assert "planted ['" in read and "'/tmp'" in read, read
+    assert wrong == 0.0, read
+    assert right == 1.0
+    _wait(lambda: set(list_sandbox_actors()) <= before, 60, f"left: {list_sandbox_actors()}")

@@ -269,6 +269,11 @@ def test_the_sandbox_shorthand_and_the_head_node(cluster, monkeypatch):
         assert plain.isolation.inner == "process" and plain.isolation.filesystem == "host"
     finally:
         plain.close()
+    # the model's code never runs there (it ran as root with only a warning): refused, naming
+    # the option that allows it
+    with pytest.raises(SandboxError, match=r"without bubblewrap.*allow_unsandboxed=True"):
+        sandboxed(PythonREPL, {}, RayBackend(inner="local"))
+    assert not list_sandbox_actors()
 
 
 def test_calls_are_checked_on_the_host(cluster, node_b):

@@ -102,6 +102,17 @@ def _each_line(prefix: str, text: str) -> Callable[[str, str], None]:
     return check
 
 
+def _refused_on(where: str, *names: str) -> Callable[[str, str], None]:
+    """On backend `where`, each name's line says "refused"."""
+
+    def check(content: str, backend: str) -> None:
+        if backend == where:
+            for name in names:
+                assert f"{name} refused" in content, content
+
+    return check
+
+
 def _fork_bomb_stopped(content: str, backend: str) -> None:
     assert "stopped after" in content, content
     assert int(content.split("stopped after ")[1].split()[0]) <= 256  # the tasks limit
@@ -497,6 +508,39 @@ ATTACKS: dict[str, Attack] = {
         print("hosts", open("/etc/hosts").read().split())
         """,
         _lacks(f"hostname {socket.gethostname()}\n", f"'{socket.gethostname()}'"),
+    ),
+    "take the host's whole AIO quota (io_setup)": Attack(
+        """
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        context = ctypes.c_ulong(0)
+        result = libc.syscall(206, 65536, ctypes.byref(context))  # io_setup(fs.aio-max-nr)
+        print("io_setup", result, os.strerror(ctypes.get_errno()))
+        """,
+        _contains("io_setup -1 Function not implemented"),
+    ),
+    "fill POSIX message queues": Attack(
+        """
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.mq_open(b"/hoard", os.O_CREAT | os.O_RDWR, 0o600, None)
+        print("mq_open", fd, os.strerror(ctypes.get_errno()))
+        """,
+        _contains("mq_open -1 Operation not permitted"),
+    ),
+    "read the host's load, uptime, CPU and memory counters": Attack(
+        """
+        for name in ("loadavg", "uptime", "stat", "meminfo", "vmstat", "pressure/cpu"):
+            try:
+                print(name, repr(open("/proc/" + name).read()[:60]))
+            except OSError as error:
+                print(name, "refused", error.strerror)
+        """,
+        _all(
+            _contains("loadavg '0.00 0.00 0.00 1/1 1", "uptime '0.00 0.00", "stat 'cpu  0 0 0"),
+            _contains("meminfo 'MemTotal:"),
+            _refused_on("process", "vmstat", "pressure/cpu"),  # docker: no mount covers them
+        ),
     ),
     "change the limits of the worker and of the session's parent": Attack(
         """

@@ -9,7 +9,8 @@ interpreter's site-packages), then the interpreter's own standard library. With
 saying why on stderr (which the host reports), when code running in the sandbox could put a
 module on that path: an entry it can write, a missing entry under a folder it can write, or
 an entry whose path passes through a folder it can write (it could rename the folder away
-and make a new one) other than at a mount point (which cannot be renamed).
+and make a new one) other than at a mount point (which cannot be renamed) or where a sticky
+bit forbids it.
 
 Standard library only; imports nothing from toolgym until the path is checked.
 """
@@ -61,13 +62,24 @@ def _why_unsafe(entry: str, mounts: set[str]) -> str | None:
         hop = chain
         while hop != "/":
             parent = os.path.dirname(hop)
-            if hop not in mounts and os.access(parent, os.W_OK):
+            if hop not in mounts and os.access(parent, os.W_OK) and not _sticky(parent, hop):
                 return (
                     f"passes through {hop}, which the sandbox could replace ({parent} is "
                     "writable and it is no mount point)"
                 )
             hop = parent
     return None
+
+
+def _sticky(parent: str, hop: str) -> bool:
+    """Whether `parent`'s sticky bit keeps this process from renaming `hop` (it owns
+    neither)."""
+    try:
+        folder, entry = os.stat(parent), os.lstat(hop)
+    except OSError:
+        return False
+    me = os.geteuid()
+    return bool(folder.st_mode & 0o1000) and me not in (folder.st_uid, entry.st_uid)
 
 
 def mount_points() -> set[str]:

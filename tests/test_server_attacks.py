@@ -120,6 +120,14 @@ class Served:
         lines = self.log.read_text().split() if self.log and self.log.exists() else []
         return lines.count("made"), lines.count("closed")
 
+    def peak(self) -> int:
+        """The most instances that were alive at once."""
+        alive = most = 0
+        for line in self.log.read_text().splitlines():
+            alive += 1 if line.startswith("made") else -1
+            most = max(most, alive)
+        return most
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -463,7 +471,7 @@ def test_openenv_stateless_calls_count_against_max_sessions(counter_file, tmp_pa
     sandboxes); now at most 2 instances exist at once and the rest are refused, named."""
     log = tmp_path / "stateless.log"
     arguments = (f"{counter_file}:Counter", "--protocol", "openenv", "--max-sessions", "2")
-    with serving(*arguments, log=log, COUNTER_DELAY="1.5") as served:
+    with serving(*arguments, log=log, COUNTER_DELAY="3") as served:
         step = {"action": {"tool": "add", "arguments": {"n": 1}}}
         answers: list[httpx.Response] = []
 
@@ -476,9 +484,8 @@ def test_openenv_stateless_calls_count_against_max_sessions(counter_file, tmp_pa
             thread.start()
         for thread in threads:
             thread.join()
-        made, _ = served.counts()
         statuses = sorted(answer.status_code for answer in answers)
-        assert made - 1 <= 2, (made, statuses)  # the probe, then at most 2 at once
+        assert served.peak() <= 2, (served.counts(), statuses)  # was 10 (11 made)
         full = [answer for answer in answers if answer.status_code == 503]
         assert full and all("--max-sessions" in answer.text for answer in full), statuses
 
@@ -550,7 +557,7 @@ def endpoint():
         parser="hermes",
         open_sessions=True,
         max_sessions=4,
-        session_idle_timeout=2,
+        session_idle_timeout=4,
     ) as served:
         yield served
 
@@ -585,7 +592,7 @@ def test_endpoint_sessions_are_bounded_and_expire(endpoint):
     assert full and all(answer.status_code == 429 for answer in full)
     assert "--max-sessions" in full[0].json()["error"]["message"]
     assert endpoint.trajectory("trainer").metrics["turns"] == 1  # a live session stays
-    time.sleep(3)
+    time.sleep(5)
     answer = chat(endpoint, "late-key")  # idle ones are gone: room again
     assert answer.status_code == 200 and "key-0" not in endpoint.sessions
     assert len(endpoint.sessions) == 1
@@ -632,3 +639,72 @@ def test_viewer_refuses_a_rebound_host_and_a_foreign_origin(tmp_path):
         assert own.status_code == 200 and httpx.get(f"{server.url}api/summary").status_code == 200
     finally:
         server.close()
+
+
+# -- a real browser on another origin --------------------------------------------------------------
+
+ATTACK = """
+async () => {
+  const STEP = '{"action": {"tool": "add", "arguments": {"n": 1}}}';
+  const socket = await new Promise((done) => {
+    const ws = new WebSocket("ws://127.0.0.1:%(openenv)d/ws");
+    ws.onopen = () => { ws.send(JSON.stringify({type: "reset", data: {start: 7}})); };
+    ws.onmessage = (event) => done("answered: " + event.data);
+    ws.onerror = () => done("refused");
+    setTimeout(() => done("timeout"), 10000);
+  });
+  const simple = {method: "POST", mode: "no-cors", headers: {"Content-Type": "text/plain"}};
+  const chat = JSON.stringify(
+    {model: "m", user: "page", messages: [{role: "user", content: "hi"}]});
+  const posts = [
+    fetch("http://127.0.0.1:%(openenv)d/reset", {...simple, body: ""}),
+    fetch("http://127.0.0.1:%(openenv)d/step", {...simple, body: STEP}),
+    fetch("http://127.0.0.1:%(endpoint)d/v1/chat/completions", {...simple, body: chat}),
+  ];
+  const sent = await Promise.all(posts.map((post) => post.then(() => "sent", () => "failed")));
+  return {socket, sent};
+}
+"""
+
+
+def test_a_web_page_in_chromium_cannot_drive_the_servers(counter_file, tmp_path, endpoint):
+    """A page of another origin (a local page on another port), in headless Chromium, opens a
+    WebSocket to `toolgym serve --protocol openenv` and sends simple POSTs to it and to
+    `toolgym endpoint`: no instance is made, no session opened; the trainer's client plays."""
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    from browser import Browser, find_chromium
+
+    if find_chromium() is None:
+        pytest.skip("no chromium installed (scripts/browser_setup.sh installs it)")
+    (tmp_path / "index.html").write_text("<!doctype html><title>a page</title><body>hi</body>")
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    page = ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: Quiet(*a, directory=str(tmp_path)))
+    thread = threading.Thread(target=page.serve_forever, daemon=True)
+    thread.start()
+    log = tmp_path / "browser.log"
+    arguments = (f"{counter_file}:Counter", "--protocol", "openenv", "--max-sessions", "1")
+    try:
+        with serving(*arguments, log=log) as served, Browser() as browser:
+            browser.goto(f"http://127.0.0.1:{page.server_address[1]}/index.html")
+            ports = {"openenv": served.port, "endpoint": endpoint.port}
+            result = browser.evaluate(f"({ATTACK % ports})()")
+            time.sleep(1)  # anything the posts started has had time to make an instance
+            assert result["socket"] == "refused", result
+            assert served.counts() == (1, 1)  # the startup probe only
+            assert not endpoint.sessions, endpoint.sessions
+            from openenv.core.generic_client import GenericEnvClient
+
+            with GenericEnvClient(base_url=served.url).sync() as client:  # its one slot
+                client.reset(start=1)
+                assert (
+                    client.step({"tool": "add", "arguments": {"n": 1}}).observation["content"]
+                    == "2"
+                )
+    finally:
+        page.shutdown()
+        page.server_close()

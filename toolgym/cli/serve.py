@@ -286,6 +286,7 @@ async def _serve_http(
     guarded = Guard(args.host, token).asgi(_session_ends(app, episodes, full))
     config = uvicorn.Config(guarded, log_level="warning", lifespan="on")
     port = sock.getsockname()[1]
+    sock.listen(128)  # a client that reads the URL may connect at once (it waits in line)
     print(url(args.host, port, token, "/mcp"), flush=True)  # first, for scripts to read
     reaper = asyncio.create_task(episodes.reap_forever())
     try:
@@ -295,43 +296,40 @@ async def _serve_http(
 
 
 def _session_ends(app: Any, episodes: Episodes, full: str) -> Any:
-    """`app`, which also closes a session's episode when its client deletes the session, and
-    explains the SDK's 503 to a newcomer past `--max-sessions` (`full`, as JSON-RPC)."""
+    """`app`, which also closes a session's episode when its client deletes the session
+    (before the answer goes out), and explains the SDK's 503 to a newcomer past
+    `--max-sessions` (`full`, as a JSON-RPC error)."""
 
     async def watched(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         key = headers.get("mcp-session-id")
-        status = 0
         replaced = False
 
         async def watching(message: Any) -> None:
-            nonlocal status, replaced
+            nonlocal replaced
             if message["type"] == "http.response.start":
                 status = message["status"]
                 if status == 503 and key is None:
                     replaced = True
-                    body = json.dumps(
-                        {"jsonrpc": "2.0", "id": None, "error": {"code": -32000, "message": full}}
-                    ).encode()
-                    await send(
-                        {
-                            "type": "http.response.start",
-                            "status": 503,
-                            "headers": [(b"content-type", b"application/json")],
-                        }
-                    )
-                    await send({"type": "http.response.body", "body": body})
-                    return
+                    return await _send_full(send, full)
+                if scope["method"] == "DELETE" and key is not None and 200 <= status < 300:
+                    await episodes.end(key)
             if not replaced:
                 await send(message)
 
         await app(scope, receive, watching)
-        if scope["method"] == "DELETE" and key is not None and 200 <= status < 300:
-            await episodes.end(key)
 
     return watched
+
+
+async def _send_full(send: Any, full: str) -> None:
+    error = {"code": -32000, "message": full}
+    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
+    headers = [(b"content-type", b"application/json")]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def add_serve_command(commands: Any) -> None:

@@ -409,6 +409,7 @@ def main() -> None:
                 speed,
             )
             print(f"budget plan at the start: {plans['at the start'].describe()}")
+            stop_without_grpo(plans["at the start"], args)
             rows = rows[: plans["at the start"].warmup_games] if not cached else rows
         warm_up(trainer, rows, args)
         if trainer.warmup_cached_from is None and "warm-up" in trainer.stages.records:
@@ -419,6 +420,7 @@ def main() -> None:
             budget_request(args, time.perf_counter() - started, 0), speed
         )
         print(f"budget plan after the warm-up: {plans['after the warm-up'].describe()}")
+        stop_without_grpo(plans["after the warm-up"], args)
         eval_rows = eval_rows[: plans["after the warm-up"].eval_games]
     before = evaluate(trainer, "before", eval_rows)
     if args.time_budget:
@@ -431,6 +433,19 @@ def main() -> None:
     finish(trainer, before, after)
     if plans:
         print("\n" + budget_summary(plans, trainer, grpo_seconds, time.perf_counter() - started))
+
+
+def stop_without_grpo(plan: BudgetPlan, args: argparse.Namespace) -> None:
+    """End the run, saying why, when the plan leaves GRPO no step: the rest of the budget
+    would go to a warm-up and evaluations that nothing follows."""
+    if plan.grpo_steps > 0 or args.steps == 0:
+        return
+    raise SystemExit(
+        f"stopping: on this machine the {args.time_budget:.0f} s budget leaves GRPO no step "
+        f"({plan.describe()}). Give it more time (--time-budget {2 * args.time_budget:.0f}): "
+        "the warm-up it then finishes is kept in $TOOLGYM_CACHE, so later runs skip it and "
+        "GRPO gets that time; or run every stage at its full size with --time-budget 0."
+    )
 
 
 def datasets(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[dict]]:

@@ -121,7 +121,7 @@ def _python_blocks(document: Path) -> list[str]:
 def _runnable(block: str) -> bool:
     """As in test_readme.py: a block that uses a placeholder builder, or loads SmolLM2 (what
     test_cli_and_examples.py runs more cheaply), is shown, not run."""
-    return "my_dataset_builder" not in block and "smollm2" not in block
+    return "countdown_rows" not in block and "smollm2" not in block
 
 
 GUIDE_BLOCKS = [
@@ -155,12 +155,13 @@ def test_guide_block_runs(block, request):
 @pytest.mark.usefixtures("restore_registry")
 def test_guide_registration_blocks_run_with_the_readmes_countdown():
     readme = _python_blocks(ROOT / "README.md")
-    countdown = next(block for block in readme if "class Countdown" in block)
-    blocks = [b for guide in GUIDES for b in _python_blocks(guide) if "my_dataset_builder" in b]
+    countdown = [block for block in readme if "Countdown" in block]  # the class, the builder
+    blocks = [b for guide in GUIDES for b in _python_blocks(guide) if "countdown_rows" in b]
     assert blocks, "environments.md shows registering with a dataset builder"
     for block in blocks:
-        namespace: dict = {"my_dataset_builder": lambda n, seed: [{"prompt": "go"}] * n}
-        exec(compile(countdown, "README.md Countdown", "exec"), namespace)
+        namespace: dict = {}
+        for index, shown in enumerate(countdown):
+            exec(compile(shown, f"README.md Countdown block {index}", "exec"), namespace)
         exec(compile(block, "a guide's registration block", "exec"), namespace)
 
 

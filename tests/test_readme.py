@@ -25,24 +25,35 @@ def restore_registry():
         del gymnasium.registry[gym_id]
 
 
-# Skipped blocks: one uses a placeholder builder; the SmolLM2 agent example is what
-# test_cli_and_examples.py::test_eval_the_embedded_smollm2_on_wordle runs, more cheaply.
-RUNNABLE = [i for i, b in enumerate(BLOCKS) if "my_dataset_builder" not in b and "smollm2" not in b]
+# The README's Python blocks run in order in one session, as a reader pasting them would; a
+# block that loads SmolLM2 for training is what test_cli_and_examples.py runs more cheaply.
+SESSION = [b for b in BLOCKS if "smollm2" not in b]
 
 
-@pytest.mark.parametrize("index", RUNNABLE)
-def test_readme_block_runs(index, capsys):
-    exec(compile(BLOCKS[index], f"README.md block {index}", "exec"), {})
-    if "print(result.messages" in BLOCKS[index]:
-        assert "Guess 1/6: S(gray) L(gray) A(green) T(gray) E(green)" in capsys.readouterr().out
+def _shown_outputs(block: str) -> list[str]:
+    """The output a block shows in comments after its print() lines."""
+    shown, lines = [], block.splitlines()
+    for index, line in enumerate(lines):
+        if line.startswith("print(") and index + 1 < len(lines):
+            comments = []
+            for following in lines[index + 1 :]:
+                if not following.startswith("# "):
+                    break
+                comments.append(following[2:])
+            if comments:
+                shown.append("\n".join(comments))
+    return shown
 
 
-def test_readme_registration_block_makes_with_overrides():
-    namespace: dict = {"my_dataset_builder": lambda n, seed: [{"prompt": "go"}] * n}
-    exec(compile(next(b for b in BLOCKS if "class Countdown" in b), "README", "exec"), namespace)
-    block = next(b for b in BLOCKS if 'register("myorg/Countdown-v0"' in b)
-    exec(compile(block, "README.md registration", "exec"), namespace)
-    assert namespace["env"].max_turns == 4
+def test_the_readme_blocks_run_in_order_and_print_what_they_show(capsys):
+    namespace: dict = {}
+    for index, block in enumerate(SESSION):
+        exec(compile(block, f"README.md block {index}", "exec"), namespace)
+        printed = capsys.readouterr().out
+        for shown in _shown_outputs(block):
+            assert shown in printed, f"block {index} shows {shown!r} but printed {printed!r}"
+    assert namespace["env"].max_turns == 4  # make() with an override
+    assert len(namespace["toolgym"].spec("myorg/Countdown-v0").dataset(3, seed=0)) == 3
 
 
 def test_readme_custom_environment_plays():

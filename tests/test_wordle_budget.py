@@ -103,3 +103,24 @@ def test_speeds_from_the_warmup_ratios() -> None:
 def test_bad_input_is_refused(make) -> None:
     with pytest.raises(ValueError):
         make()
+
+
+def test_the_example_stops_when_its_plan_leaves_no_grpo_step(monkeypatch) -> None:
+    """On a machine too loaded or slow for the budget (a measured case: load 6 planned 0
+    steps), the example says so and stops instead of spending the budget on a warm-up and
+    evaluations that no GRPO step follows."""
+    import argparse
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "examples"))
+    import wordle
+
+    crawling = Speeds(warmup_game=60.0, eval_game=30.0, grpo_step=3000.0)
+    plan = plan_budget(request(spent=600.0, cached=False), crawling)
+    assert plan.grpo_steps == 0
+    args = argparse.Namespace(time_budget=BUDGET, steps=100)
+    with pytest.raises(SystemExit, match=r"leaves GRPO no step.*--time-budget 3600.*TOOLGYM_CACHE"):
+        wordle.stop_without_grpo(plan, args)
+    wordle.stop_without_grpo(plan, argparse.Namespace(time_budget=BUDGET, steps=0))  # asked for
+    sys.modules.pop("wordle", None)

@@ -249,6 +249,7 @@ class GRPOConfig:
             )
         if self.sandbox_resources is not None and self.sandbox != "ray":
             raise ValueError('sandbox_resources only apply with sandbox="ray"')
+        check_trackers(self.report_to)
 
     @property
     def engine_log_path(self) -> str:
@@ -263,6 +264,25 @@ class GRPOConfig:
     def to_dict(self) -> dict[str, Any]:
         """The settings as a JSON-ready dict."""
         return asdict(self)
+
+
+TRACKERS = {"trackio": "trackio", "wandb": "wandb", "tensorboard": "tensorboard"}
+"""The trackers `report_to` may name, with the module each needs (the extra of the same name
+installs it: `pip install "toolgym[wandb]"`)."""
+
+
+def check_trackers(names: list[str]) -> None:
+    """Refuse an unknown tracker, or one whose package is not installed, naming what to do."""
+    import importlib.util
+
+    for name in names:
+        if name not in TRACKERS:
+            raise ValueError(f"unknown tracker {name!r} in report_to; use {', '.join(TRACKERS)}")
+        if importlib.util.find_spec(TRACKERS[name]) is None:
+            raise ValueError(
+                f"report_to names {name!r}, but the {TRACKERS[name]} package is not installed: "
+                f'pip install "toolgym[{name}]" (or drop it: metrics.jsonl is always written)'
+            )
 
 
 @dataclass

@@ -53,9 +53,11 @@ class RewardLogs:
     """`log_extra(column, values)` calls: one value per episode by column."""
 
     def log_metric(self, name: str, value: float) -> None:
+        """TRL's `log_metric`: one value of metric `name` for this batch."""
         self.metrics.setdefault(str(name), []).append(float(value))
 
     def log_extra(self, column: str, values: Sequence[Any]) -> None:
+        """TRL's `log_extra`: one value of `column` per episode, kept on the trajectories."""
         self.extras.setdefault(str(column), []).extend(values)
 
 

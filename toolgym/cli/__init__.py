@@ -15,15 +15,18 @@ toolgym accelerate-config multi-node-ddp             the path of a shipped accel
                                                      for `accelerate launch --config_file`
 
 ENV is a registered id (Wordle-v0), path/to/file.py:Class or module:attr (an environment
-class or a factory); `toolgym COMMAND --help` for each command's options.
+class or a factory); ids registered in a file are usable by name after `--import file.py`
+(toolgym --import envs.py eval MyEnv-v0); `toolgym COMMAND --help` for each command's options.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from toolgym.cli.endpoint import add_endpoint_command
+from toolgym.cli.env_spec import import_registrations
 from toolgym.cli.episodes import add_episode_commands
 from toolgym.cli.errors import CLIError
 from toolgym.cli.multinode import add_accelerate_config_command
@@ -40,6 +43,15 @@ def build_parser(train_flags: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="toolgym", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="FILE_OR_MODULE",
+        help="a Python file (path/to/envs.py) or module whose toolgym.register(...) calls make "
+        "ids usable by name in the command (repeatable): toolgym --import envs.py eval MyEnv-v0",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_episode_commands(commands)
     add_train_command(commands, with_config_flags=train_flags)
@@ -55,7 +67,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser(train_flags=bool(argv) and argv[0] == "train")
     args = parser.parse_args(argv)
     try:
-        return args.handler(args)
+        for location in args.imports:
+            import_registrations(location)
+        code = args.handler(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        return code
     except CLIError as error:
         print(f"toolgym {args.command}: error: {terminal_text(error)}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `toolgym envs | head`: the reader left; end quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # nothing more to flush into the closed pipe
+        return 1

@@ -96,12 +96,23 @@ def resolve_env(spec: str) -> ResolvedEnv:
     return ResolvedEnv(spec, target, _registration_of(target))
 
 
+def import_registrations(location: str) -> ModuleType:
+    """Run a Python file (`path/to/envs.py`) or import a module (`my_package.envs`), so that
+    the ids its `toolgym.register(...)` calls register can be named (`toolgym --import`)."""
+    if location.endswith(".py") or "/" in location or os.sep in location:
+        return load_file(location)
+    return _import(location)
+
+
 def _registered_id(env_id: str) -> ResolvedEnv:
     try:
         parse_env_id(env_id)
         registered = toolgym.spec(env_id)
     except UnknownEnvironmentError as error:
-        raise CLIError(f"{error} An environment in a file: 'path/to/file.py:Class'.") from None
+        raise CLIError(
+            f"{error} An environment in a file: 'path/to/file.py:Class'; ids a file registers: "
+            "toolgym --import path/to/file.py COMMAND ..."
+        ) from None
     except ValueError as error:  # a malformed id
         raise CLIError(f"{error}, or 'path/to/file.py:Class', or 'module:Class'") from None
     return ResolvedEnv(env_id, env_id, registered)

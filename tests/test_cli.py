@@ -204,6 +204,24 @@ def test_bad_flag_values_are_argparse_errors(capsys):
 
 
 # -- ENV: ids, files, modules ----------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max-sessions", "0"], "--max-sessions must be at least 1"),
+        (["--session-idle-timeout", "0"], "--session-idle-timeout must be a positive"),
+        (["--session-idle-timeout", "nan"], "--session-idle-timeout must be a positive"),
+        (["--token", "short"], "--token must be at least 16"),
+        (["--token", "a-token-with-a:colon"], "without spaces or ':'"),
+    ],
+)
+@pytest.mark.parametrize("command", [["serve", "Wordle-v0"], ["endpoint", "--model", "never"]])
+def test_listening_flags_are_checked_before_anything_starts(capsys, command, flags, message):
+    """`toolgym serve` and `toolgym endpoint` refuse bad limits and tokens as one-line errors,
+    before an environment or a model is loaded."""
+    assert main([*command, *flags, "--port", "0"]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_resolve_env_forms(echo):
     env_file, _ = echo
     registered = resolve_env("Wordle-v0")

@@ -94,7 +94,8 @@ class Served:
     """A `toolgym serve` (or other) process: its printed URL, its log of instances."""
 
     def __init__(self, command: list[str], log: Path | None = None, **env: str) -> None:
-        environment = {**os.environ, **env}
+        environment = {k: v for k, v in os.environ.items() if k != "TOOLGYM_TOKEN"}
+        environment.update(env)
         if log is not None:
             environment["COUNTER_LOG"] = str(log)
         self.log = log
@@ -152,8 +153,13 @@ def serving(*arguments: str, log: Path | None = None, **env: str):
 
 def refused_to_start(*arguments: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run a command that must refuse to start; a server that starts anyway is stopped."""
+    environment = {k: v for k, v in os.environ.items() if k != "TOOLGYM_TOKEN"}
     process = subprocess.Popen(
-        [*TOOLGYM, *arguments], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [*TOOLGYM, *arguments],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment,
     )
     try:
         out, err = process.communicate(timeout=timeout)

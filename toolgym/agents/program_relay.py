@@ -27,6 +27,8 @@ SETUP_FAILED = 70
 
 
 def main(argv: list[str]) -> int:
+    """Serve the endpoint's address inside the sandbox, run the program, and return its exit
+    status (`SETUP_FAILED` when the sandbox cannot serve the address or start it)."""
     if len(argv) < 5 or argv[3] != "--":
         raise SystemExit("usage: program_relay.py SOCKET PORT -- PROGRAM [ARGUMENTS...]")
     path, port, command = argv[1], int(argv[2]), argv[4:]

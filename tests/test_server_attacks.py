@@ -543,6 +543,13 @@ def test_openenv_token_guards_http_and_websocket():
         with GenericEnvClient(base_url=served.url).sync() as client:  # the URL carries it
             client.reset(answer="crane")
             assert client.step({"tool": "guess", "arguments": {"word": "crane"}}).done
+        import toolgym  # its /schema read over HTTP carries the URL's token too
+
+        with toolgym.openenv(served.url, observation=lambda o: o["content"])() as wordle:
+            wordle.reset(seed=0, answer="crane")
+            arguments = {"tool": "guess", "arguments": {"word": "crane"}}
+            wordle.step(toolgym.ToolCall("tool_call", arguments))
+            assert wordle.get_reward() == 1.0
 
 
 # -- toolgym endpoint ------------------------------------------------------------------------------

@@ -57,7 +57,13 @@ from toolgym.envs.calls import Demonstration, ToolCall, ToolResult
 from toolgym.envs.inline import InlineStep
 from toolgym.envs.mcp import MCPTool, _no_model, _unbound
 from toolgym.envs.mcp_session import submit
-from toolgym.envs.openenv_mcp import call_action, call_result, listed_tools, mcp_action
+from toolgym.envs.openenv_mcp import (
+    call_action,
+    call_result,
+    http_request,
+    listed_tools,
+    mcp_action,
+)
 from toolgym.envs.rows import rows_builder
 from toolgym.envs.stepping import Executor, Stepper
 from toolgym.envs.tools import Tool, render_result
@@ -149,7 +155,8 @@ class OpenEnv:
     def schema(self) -> dict[str, Any]:
         """The server's `/schema`: the action, observation and state JSON schemas (read once)."""
         if not self._schema:
-            with urllib.request.urlopen(f"{self.url}/schema", timeout=self.timeout) as answer:
+            schema = http_request(f"{self.url}/schema")  # with the URL's token, if any
+            with urllib.request.urlopen(schema, timeout=self.timeout) as answer:
                 self._schema.update(json.load(answer))
         return dict(self._schema)
 

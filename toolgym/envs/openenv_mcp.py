@@ -21,8 +21,10 @@ server's named errors (`CallToolObservation.error`) are failures naming their ty
 
 from __future__ import annotations
 
+import base64
 import json
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -156,9 +158,24 @@ def _listing(url: str, timeout: float) -> list[dict[str, Any]]:
     return list((answer.get("result") or {}).get("tools") or [])
 
 
+def http_request(url: str, body: dict[str, Any] | None = None) -> urllib.request.Request:
+    """A GET of `url`, or a JSON POST of `body`; a user and password in the URL (as in
+    `http://toolgym:TOKEN@host:port`, which `toolgym serve` prints) travel as Basic
+    authentication, as openenv-core's WebSocket client sends them (urllib does not)."""
+    parts = urllib.parse.urlsplit(url)
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    if parts.username is not None or parts.password is not None:
+        user = urllib.parse.unquote(parts.username or "")
+        password = urllib.parse.unquote(parts.password or "")
+        headers["Authorization"] = (
+            "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        )
+        url = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    data = None if body is None else json.dumps(body).encode()
+    return urllib.request.Request(url, data, headers)
+
+
 def _post(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
-    request = urllib.request.Request(
-        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
-    )
+    request = http_request(url, body)
     with urllib.request.urlopen(request, timeout=timeout) as answer:
         return dict(json.load(answer))

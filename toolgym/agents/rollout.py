@@ -39,7 +39,13 @@ from toolgym.envs.calls import (
     run_coroutine,
 )
 from toolgym.envs.inline import InlineStep
-from toolgym.envs.stepping import Steppable, Stepper, as_environment, failure_status
+from toolgym.envs.stepping import (
+    Steppable,
+    Stepper,
+    as_environment,
+    failure_status,
+    trl_shaped,
+)
 from toolgym.envs.tools import valid_text
 
 if TYPE_CHECKING:
@@ -326,7 +332,7 @@ class Episode:
         (never raises)."""
         try:
             first = await asyncio.to_thread(self.env.reset, seed=self.seed, **self.row)
-            joiner = "" if getattr(self.env, "trl_shaped", False) else "\n\n"  # TRL: appended
+            joiner = "" if trl_shaped(self.env) else "\n\n"  # TRL appends it as it is
             context = RolloutContext(self, _prompt_messages(self.prompt, first, joiner))
             if rollout_fn is None:
                 inline = getattr(self.env, "inline_markers", None)

@@ -365,16 +365,6 @@ class Stepper:
         sandboxed one, which lives in another process."""
         return getattr(self.executor, "instance", None)
 
-    @property
-    def trl_shaped(self) -> bool:
-        """Whether this steps a class written for TRL's `environment_factory` (a plain class,
-        or plain tool functions): the model then reads what TRL shows it (TRL's schemas, tool
-        results as `str(value)`, reset's observation appended to the prompt as TRL appends
-        it; docs/trl.md). False for `toolgym.Environment` subclasses and executor-backed
-        environments (MCP, OpenEnv)."""
-        target = self.executor.target
-        return target is not type(self.executor) and not is_environment_class(target)
-
     # -- the episode ---------------------------------------------------------------------------
     def reset(self, seed: int | None = None, **row: Any) -> str | None:
         """Start an episode from a dataset row's columns (only those the environment's `reset`
@@ -719,3 +709,16 @@ def as_environment(obj: Any) -> Stepper:
     stepper = Stepper(LocalExecutor(obj))
     stepper.table  # noqa: B018 (built now, from the instance: a bad method fails here)
     return stepper
+
+
+def trl_shaped(env: Any) -> bool:
+    """Whether `env` steps a class written for TRL's `environment_factory` (a plain class, or
+    plain tool functions): the model then reads what TRL shows it (TRL's schemas, tool results
+    as `str(value)`, reset's observation appended to the prompt as TRL appends it;
+    docs/trl.md). False for `toolgym.Environment` subclasses, executor-backed environments
+    (MCP, OpenEnv) and anything that is not a `Stepper`."""
+    executor = getattr(env, "executor", None)
+    target = getattr(executor, "target", None)
+    if not isinstance(target, type) or target is type(executor):
+        return False
+    return not is_environment_class(target)

@@ -7,7 +7,14 @@ argument checking is included), the time of `reset` plus the first run on one in
 a cold pool and to lease 32 from a warm one. Targets: process under 2 ms p50, docker
 under 5 ms p50.
 
+`--concurrent N` instead starts process-backend PythonREPL workers one after another and
+keeps them all alive (each ran `6 * 7`, so each has its session), until N are up, a start
+fails (the uid pool is exhausted: one host uid per live worker, `toolgym.sandbox.identities`)
+or the machine's available memory falls below `--memory-floor` GiB; it prints how many were
+alive at once, how many distinct host uids they held, and the memory they took.
+
     python bench/sandbox.py [--calls 2000] [--pool 32] [--no-docker]
+    python bench/sandbox.py --concurrent 1000 [--memory-floor 6]
 """
 
 from __future__ import annotations
@@ -71,12 +78,59 @@ def pool_start(backend: str, size: int) -> tuple[float, float]:
     return cold, warm
 
 
+def available_gib() -> float:
+    with open("/proc/meminfo") as info:
+        fields = dict(line.split(":", 1) for line in info)
+    return int(fields["MemAvailable"].split()[0]) / 2**20
+
+
+def concurrent_workers(limit: int, memory_floor: float) -> None:
+    import re
+
+    from toolgym.sandbox import ProcessBackend, RemoteEnvironment, SandboxError
+
+    envs, uids, why = [], set(), f"reached --concurrent {limit}"
+    available, started = available_gib(), time.perf_counter()
+    try:
+        while len(envs) < limit:
+            if available_gib() < memory_floor:
+                why = f"the machine's available memory fell below {memory_floor} GiB"
+                break
+            try:
+                env = RemoteEnvironment(PythonREPL, backend=ProcessBackend())
+                env.reset(task="t", answer="42")
+                env.step(toolgym.ToolCall("run", {"code": "6 * 7"}))
+            except SandboxError as error:
+                why = f"a start failed: {error}"
+                break
+            envs.append(env)
+            found = re.search(r"host uid (\d+)", env.isolation.user)
+            uids.add(found.group(1) if found else env.isolation.user)
+            if len(envs) % 50 == 0:
+                print(f"  {len(envs)} alive, {available_gib():.1f} GiB available", flush=True)
+        took = time.perf_counter() - started
+        used = available - available_gib()
+        print(
+            f"process  concurrent PythonREPL workers: {len(envs)} alive at once, {len(uids)} "
+            f"distinct host uids, {used:.1f} GiB taken ({used * 1024 / max(1, len(envs)):.0f} "
+            f"MiB each), started in {took:.1f} s; stopped: {why}"
+        )
+    finally:
+        for env in envs:
+            env.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--pool", type=int, default=32)
     parser.add_argument("--no-docker", action="store_true")
+    parser.add_argument("--concurrent", type=int, default=0)
+    parser.add_argument("--memory-floor", type=float, default=6.0)
     args = parser.parse_args()
+    if args.concurrent:
+        concurrent_workers(args.concurrent, args.memory_floor)
+        return
     backends = ["local", "process"]
     if not args.no_docker:
         if docker_ready():

@@ -25,6 +25,8 @@ REFUSED_EXIT_CODE = 78
 
 
 def main() -> None:
+    """Set the import path from `TOOLGYM_SYS_PATH`, check it (`TOOLGYM_CHECK_SYS_PATH=1`),
+    then serve as the worker."""
     chosen = [entry for entry in os.environ.get("TOOLGYM_SYS_PATH", "").split(os.pathsep) if entry]
     sys.path[:] = list(dict.fromkeys([*chosen, *(entry for entry in sys.path if entry)]))
     if os.environ.get("TOOLGYM_CHECK_SYS_PATH") == "1":

@@ -316,7 +316,13 @@ class DockerChannel(Channel):
         self._raw = b""
         self._dead = False
 
+    def _closed(self) -> bool:
+        """Killed meanwhile (another thread: a pool's watchdog, a close)."""
+        return self._dead or self._socket.fileno() < 0
+
     def _write(self, data: bytes, timeout: float) -> None:
+        if self._closed():
+            raise OSError("the container's stream is closed")
         self._socket.settimeout(timeout)  # raises TimeoutError when the worker stops reading
         try:
             self._socket.sendall(data)
@@ -333,6 +339,8 @@ class DockerChannel(Channel):
                     if kind == 1 and payload:
                         return payload
                     continue
+            if self._closed():
+                raise OSError("the container's stream is closed")
             ready, _, _ = select.select([self._socket], [], [], timeout)
             if not ready:
                 raise TimeoutError

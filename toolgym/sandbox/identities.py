@@ -57,6 +57,8 @@ class Identity:
         self._lock: int | None = lock
 
     def release(self) -> None:
+        """Drop the uid's lock: the pool may hand it out again (once no process runs as
+        it)."""
         lock, self._lock = self._lock, None
         if lock is not None:
             with contextlib.suppress(OSError):
@@ -64,6 +66,7 @@ class Identity:
 
     @property
     def held(self) -> bool:
+        """Whether this worker still holds the uid."""
         return self._lock is not None
 
     def __repr__(self) -> str:

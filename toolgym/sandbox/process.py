@@ -608,6 +608,8 @@ class ProcessChannel(Channel):
                     continue
 
     def _read(self, timeout: float) -> bytes:
+        if self._selector.get_map() is None:  # killed meanwhile (another thread)
+            raise OSError("the worker's stream is closed")
         if not self._selector.select(timeout):
             raise TimeoutError
         try:

@@ -9,6 +9,7 @@ reaches the host. The attack table of docs/sandboxes.md states what these tests 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -712,8 +713,7 @@ def test_a_root_host_never_runs_model_code_as_root():
     env = RemoteEnvironment(PythonREPL, backend=ProcessBackend())
     try:
         env.reset(task="who", answer=ANSWER)
-        assert "mapped to host uid 2" in env.isolation.user, env.isolation
-        assert "(its own, from the pool" in env.isolation.user
+        assert re.search(r"mapped to host uid \d+ \(its own, from the pool", env.isolation.user)
         assert "root" not in env.isolation.user
     finally:
         env.close()

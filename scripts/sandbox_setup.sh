@@ -35,7 +35,7 @@ fi
 if [ "$(id -u)" = 0 ]; then
     if ! id toolgym-sandbox >/dev/null 2>&1 && command -v useradd >/dev/null; then
         useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin \
-            toolgym-sandbox && say "created the account toolgym-sandbox for the workers"
+            toolgym-sandbox && say "created the account toolgym-sandbox (it holds the workers' uid pool)"
     fi
     overlaps() {  # whether any range of /etc/subuid or /etc/subgid meets 200000-200999
         cat /etc/subuid /etc/subgid 2>/dev/null \

@@ -199,6 +199,29 @@ class DockerBackend:
     def _start(
         self, docker_client: Any, target: type | None, identity: Identity, allowed: list[str]
     ) -> DockerChannel:
+        """Create the container, attach to its stdin/stdout, start it and wait for its hello
+        (a container that fails to start is removed)."""
+        container = _create(
+            docker_client, self.image, **self._container_options(target, identity, allowed)
+        )
+        _register_exit_handler()  # at the first container, not at import
+        _started.add(container.id)
+        try:
+            stream = container.attach_socket(params={"stdin": 1, "stdout": 1, "stream": 1})
+            container.start()
+        except Exception as error:
+            _remove(container)
+            raise SandboxError(f"could not start a sandbox container: {error}") from error
+        channel = DockerChannel(container, stream, self._isolation(identity), identity)
+        channel.hello(self.start_timeout)
+        return channel
+
+    def _container_options(
+        self, target: type | None, identity: Identity, allowed: list[str]
+    ) -> dict[str, Any]:
+        """`containers.create`'s options: the boot command, no network, a read-only root,
+        the limits (memory, pids, CPU, ulimits, tmpfs sizes), the host uid, no capabilities,
+        the read-only mounts and the worker's environment, the owner labels."""
         import docker
 
         mounts, paths = self._mounts(target)
@@ -220,9 +243,7 @@ class DockerBackend:
         }
         if allowed:
             environment["TOOLGYM_SECCOMP_ALLOW"] = ",".join(allowed)
-        container = _create(
-            docker_client,
-            self.image,
+        return dict(
             command=["python3", "-I", "-S", "-B", "-u", BOOT],
             stdin_open=True,
             network_mode="none",
@@ -248,17 +269,6 @@ class DockerBackend:
             # the worker silences itself after its hello; this caps what comes before
             log_config={"type": "json-file", "config": {"max-size": "1m", "max-file": "1"}},
         )
-        _register_exit_handler()  # at the first container, not at import
-        _started.add(container.id)
-        try:
-            stream = container.attach_socket(params={"stdin": 1, "stdout": 1, "stream": 1})
-            container.start()
-        except Exception as error:
-            _remove(container)
-            raise SandboxError(f"could not start a sandbox container: {error}") from error
-        channel = DockerChannel(container, stream, self._isolation(identity), identity)
-        channel.hello(self.start_timeout)
-        return channel
 
     def _mounts(self, target: type | None) -> tuple[dict[str, dict[str, str]], list[str]]:
         """Read-only mounts (the `toolgym` package alone, `code_paths`, the environment's module

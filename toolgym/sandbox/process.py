@@ -243,14 +243,7 @@ class ProcessBackend:
         its view. Refuses a class that runs the model's code where no identity can serve."""
         isolation = launch.isolation
         root = os.getuid() == 0
-        if root and _scratch_mounts_work():
-            launch.scratch = Scratch(self.limits.tmp_bytes, self.limits.tmp_inodes)
-            isolation.limits["tmp_inodes"] = self.limits.tmp_inodes
-        else:
-            isolation.notes.append(
-                "no inode limit on /tmp and /dev/shm (mounting one needs root): empty files "
-                "cost kernel memory their size limit does not count"
-            )
+        _plan_scratch(launch, self.limits, root)
         if not root:
             isolation.user += f", mapped to host uid {os.getuid()}"
             isolation.notes.append(
@@ -259,55 +252,10 @@ class ProcessBackend:
                 "inotify instances, pipe buffers, pending signals) are shared between workers"
             )
             return
-        problem = ""
-        if self.user is not None:
-            launch.user = sandbox_user(self.user)
-            if launch.user is None:
-                problem = f"no unprivileged host account {self.user}"
-            else:
-                isolation.notes.append(
-                    f"every worker runs as the host account {launch.user}: per-user kernel "
-                    "counters are shared between workers"
-                )
-        else:
-            launch.identity = acquire(self.uids)
-            launch.user = launch.identity.user
+        problem = _pick_host_user(launch, self.user, self.uids)
         if launch.user is not None:
-            sources = [bind.source for bind in binds if not bind.system]
-            staged = launch.scratch is not None
-            blocked = unreachable(sources, launch.user, ancestors=not staged)
-            if blocked:
-                problem = f"{launch.user} cannot read {blocked}" + (
-                    " (only the folder's own permission bits matter: other accounts must be "
-                    "able to read it)"
-                    if staged
-                    else "; let it in (`chmod o+x` on a folder it must pass through) or run "
-                    "where root may mount (the view is then staged, nothing needs opening)"
-                )
-            elif not _unprivileged_bwrap_works(launch.user, pooled=launch.identity is not None):
-                problem = (
-                    f"bubblewrap does not start as {launch.user} (no unprivileged user namespaces?)"
-                )
-        if problem:
-            launch.release_identity()
-            launch.user = None
-            if getattr(target, "runs_model_code", False):
-                raise SandboxError(
-                    f"refusing to run {getattr(target, '__qualname__', target)}, which runs "
-                    f"the model's code, as the host's root: {problem}"
-                )
-            note = f"the worker runs as the host's root mapped into its namespace: {problem}"
-            isolation.notes.append(note)
-            _warn_once(note)
-            isolation.user += ", mapped to the host's root"
-        elif launch.identity is not None:
-            uids = pool_range(self.uids)
-            isolation.user += (
-                f", mapped to host uid {launch.identity.uid} (its own, from the pool "
-                f"{uids.start}-{uids.stop - 1})"
-            )
-        else:
-            isolation.user += f", mapped to host user {launch.user}"
+            problem = _host_user_problem(launch, binds)
+        _settle_identity(target, launch, problem, self.uids)
 
     def _bwrap_arguments(self, binds: list[Bind], launch: _Launch) -> list[str]:
         """bubblewrap's arguments: namespaces (no nested user namespaces: model code cannot
@@ -453,6 +401,88 @@ class _Launch:
         if self.scratch is not None:
             self.scratch.remove()
             self.scratch = None
+
+
+def _plan_scratch(launch: _Launch, limits: ProcessLimits, root: bool) -> None:
+    """The scratch mounts that stage the worker's view and hold its /tmp and /dev/shm with
+    an inode limit (as root, where mounting works); otherwise a note that no inode limit
+    holds."""
+    if root and _scratch_mounts_work():
+        launch.scratch = Scratch(limits.tmp_bytes, limits.tmp_inodes)
+        launch.isolation.limits["tmp_inodes"] = limits.tmp_inodes
+    else:
+        launch.isolation.notes.append(
+            "no inode limit on /tmp and /dev/shm (mounting one needs root): empty files "
+            "cost kernel memory their size limit does not count"
+        )
+
+
+def _pick_host_user(launch: _Launch, user: str | None, uids: range | None) -> str:
+    """As root: the host account the worker becomes, set on `launch`: the named `user` (one
+    for every worker, noted), else a host uid of its own from the pool `uids` (held by
+    `launch`). Returns why none could be had ("" when one was)."""
+    if user is None:
+        launch.identity = acquire(uids)
+        launch.user = launch.identity.user
+        return ""
+    launch.user = sandbox_user(user)
+    if launch.user is None:
+        return f"no unprivileged host account {user}"
+    launch.isolation.notes.append(
+        f"every worker runs as the host account {launch.user}: per-user kernel "
+        "counters are shared between workers"
+    )
+    return ""
+
+
+def _host_user_problem(launch: _Launch, binds: list[Bind]) -> str:
+    """Why `launch.user` cannot serve the worker: a folder of its view it cannot read (only
+    the folder's own bits when the view is staged, every folder on the way otherwise), or
+    bubblewrap not starting as it. "" when it can."""
+    assert launch.user is not None
+    sources = [bind.source for bind in binds if not bind.system]
+    staged = launch.scratch is not None
+    blocked = unreachable(sources, launch.user, ancestors=not staged)
+    if blocked:
+        return f"{launch.user} cannot read {blocked}" + (
+            " (only the folder's own permission bits matter: other accounts must be "
+            "able to read it)"
+            if staged
+            else "; let it in (`chmod o+x` on a folder it must pass through) or run "
+            "where root may mount (the view is then staged, nothing needs opening)"
+        )
+    if not _unprivileged_bwrap_works(launch.user, pooled=launch.identity is not None):
+        return f"bubblewrap does not start as {launch.user} (no unprivileged user namespaces?)"
+    return ""
+
+
+def _settle_identity(
+    target: type | None, launch: _Launch, problem: str, uids: range | None
+) -> None:
+    """As root: the identity chosen, written into the isolation report; or, where `problem`
+    left none, the identity given back and the worker run as the host's root mapped into its
+    namespace (noted and warned), refused for a class that runs the model's code."""
+    isolation = launch.isolation
+    if problem:
+        launch.release_identity()
+        launch.user = None
+        if getattr(target, "runs_model_code", False):
+            raise SandboxError(
+                f"refusing to run {getattr(target, '__qualname__', target)}, which runs "
+                f"the model's code, as the host's root: {problem}"
+            )
+        note = f"the worker runs as the host's root mapped into its namespace: {problem}"
+        isolation.notes.append(note)
+        _warn_once(note)
+        isolation.user += ", mapped to the host's root"
+    elif launch.identity is not None:
+        pool = pool_range(uids)
+        isolation.user += (
+            f", mapped to host uid {launch.identity.uid} (its own, from the pool "
+            f"{pool.start}-{pool.stop - 1})"
+        )
+    else:
+        isolation.user += f", mapped to host user {launch.user}"
 
 
 def _python(script: str) -> list[str]:

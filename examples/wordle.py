@@ -46,7 +46,6 @@ from toolgym.algorithms import (
     training_samples,
 )
 from toolgym.algorithms.budget import BudgetPlan, BudgetRequest, Speeds, plan_budget
-from toolgym.algorithms.heap import map_large_allocations
 from toolgym.algorithms.tracking import plot_rewards
 from toolgym.algorithms.warmup_cache import warmup_key
 from toolgym.envs.wordle import WordleExpert
@@ -98,6 +97,7 @@ def config_from(args: argparse.Namespace) -> GRPOConfig:
         loss_impl=args.loss_impl,
         bf16=args.bf16,
         gradient_checkpointing=args.gradient_checkpointing,
+        mmap_threshold=args.mmap_threshold_mib << 20,  # 0: glibc's moving threshold
         limits=AgentLimits(max_turns=6, max_new_tokens=40, max_episode_tokens=600),
         temperature=1.0,
         loss_type="dapo",
@@ -380,8 +380,6 @@ def main() -> None:
         args.time_budget = 0 if args.time_budget is None else args.time_budget
     if args.time_budget is None:
         args.time_budget = 30 * 60.0
-    if args.mmap_threshold_mib:
-        map_large_allocations(args.mmap_threshold_mib << 20)
     started = time.perf_counter()
     train_rows, warmup_rows, eval_rows = datasets(args)
     trainer = GRPOTrainer(

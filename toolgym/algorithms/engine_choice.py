@@ -18,6 +18,7 @@ import torch
 from toolgym.agents.engines.base import capabilities
 from toolgym.algorithms.config import GRPOConfig
 from toolgym.algorithms.heap import return_freed_memory
+from toolgym.algorithms.memory_fit import check_fit
 from toolgym.algorithms.weights import policy_state_dict, save_policy
 
 ENGINES = ("hf", "vllm", "vllm-server")
@@ -34,13 +35,16 @@ def make_engine(
 ) -> Any:
     """The engine `args.engine` names, sampling with `policy`'s weights; a vLLM engine's KV
     cache on the CPU holds a step's episodes (or an evaluation's rows) at their longest; the
-    transformers engine takes images with `vision` (`toolgym.agents.images`)."""
+    transformers engine takes images with `vision` (`toolgym.agents.images`). First, a CPU
+    run whose memory estimate passes what the machine has is refused (`memory_fit`)."""
     if vision is not None and args.engine != "hf":
         raise ValueError(
             f"engine={args.engine!r} cannot show the images of tool results: a processor "
             "(tokenizer=processor) samples with engine='hf' only for now; to train this model "
             "on text alone with vLLM, pass the processor's tokenizer (processor.tokenizer)"
         )
+    device = next(iter(policy.parameters())).device.type
+    check_fit(args, policy, device)  # a run that cannot fit stops here, saying why
     if args.engine == "hf":
         from toolgym.agents.engines.hf import HFEngine
 
@@ -50,13 +54,19 @@ def make_engine(
     tokenizer.save_pretrained(folder)  # (the run viewer reads it there)
     if args.engine == "vllm":
         save_policy(policy, folder)  # LoRA adapters merged: vLLM loads the base model
-        from toolgym.agents.engines.vllm import VLLMEngine
+        from toolgym.agents.engines.vllm import (
+            VLLMEngine,
+            default_kv_cache_tokens,
+            kv_bytes_per_token,
+        )
 
         # The policy's own dtype: vLLM's "auto" would serve a float32 model in 16 bits, so
         # sampling logprobs would drift from the trainer's.
         dtype = str(policy.dtype).removeprefix("torch.")
         in_flight = max(args.prompts_per_step * args.num_generations, len(eval_rows))
-        tokens = args.kv_cache_tokens or in_flight * (args.limits.max_episode_tokens + 256)
+        per_token = kv_bytes_per_token(str(folder), dtype)
+        episode = args.limits.max_episode_tokens
+        tokens = args.kv_cache_tokens or default_kv_cache_tokens(in_flight, episode, per_token)
         kv = {} if torch.cuda.is_available() else {"kv_cache_tokens": tokens}
         quiet = {} if args.verbose else {"use_tqdm_on_load": False}
         return VLLMEngine(str(folder), dtype=dtype, seed=args.seed, **kv, **quiet)

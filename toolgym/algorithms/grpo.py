@@ -35,6 +35,7 @@ from toolgym.algorithms.engine_choice import (
     sync_weights,
 )
 from toolgym.algorithms.environments import training_environments
+from toolgym.algorithms.heap import threshold_for_training
 from toolgym.algorithms.learner import Learner, load_policy
 from toolgym.algorithms.pipeline import pipelined_steps
 from toolgym.algorithms.rewards import (
@@ -91,10 +92,7 @@ class GRPOTrainer:
         """Where the engine's log lines go (None: the terminal, `verbose`)."""
         self.stages = StageClock()
         """Wall time and peak memory per stage (model load, warm-up, rollouts, update...)."""
-        # cpu=True without CUDA: ranks of `accelerate launch --multi_gpu` join one gloo group
-        timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=args.distributed_timeout))
-        self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), kwargs_handlers=[timeout])
-        set_seed(args.seed + self.accelerator.process_index)
+        self.accelerator = _process_setup(args)  # the process group, the seed, the allocator
         self._bars = args.progress_bar and self.accelerator.is_main_process  # progress bars
         if isinstance(model, str):
             with self.stages.stage("model load"):
@@ -355,6 +353,17 @@ class GRPOTrainer:
         policy, weights = self.learner.engine_weights()  # a collective under sharding
         self._sync_figures = sync_weights(self.engine, policy, self.accelerator, weights)
         self._engine_version, self._synced = self.step, True
+
+
+def _process_setup(args: GRPOConfig) -> Accelerator:
+    """This process's part of a run: its `Accelerator` (`cpu=True` without CUDA, so the ranks
+    of `accelerate launch --multi_gpu` join one gloo group; collectives time out after
+    `distributed_timeout`), its seed, and the allocator's mmap threshold (`mmap_threshold`)."""
+    timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=args.distributed_timeout))
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), kwargs_handlers=[timeout])
+    threshold_for_training(args.mmap_threshold, accelerator.device.type)
+    set_seed(args.seed + accelerator.process_index)
+    return accelerator
 
 
 def _route_engine_logs(args: GRPOConfig) -> Path | None:

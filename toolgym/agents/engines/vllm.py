@@ -50,6 +50,19 @@ def _bounded_kv_bytes(wanted: int) -> int:
     return max(wanted, _MIN_CPU_KV_CACHE)
 
 
+def default_kv_cache_tokens(in_flight: int, episode_tokens: int, per_token: int) -> int:
+    """A CPU KV cache with room for every episode in flight at its full budget plus a 256-token
+    prompt, but no more than a sixteenth of this machine's memory (1.5 GB of a 24 GB machine):
+    a cache too small for all of them at once queues requests, it does not fail. Never less
+    than one episode's room."""
+    one = episode_tokens + 256
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return in_flight * one
+    return max(one, min(in_flight * one, physical // 16 // max(per_token, 1)))
+
+
 def kv_bytes_per_token(model: str, dtype: str = "auto") -> int:
     """Bytes of keys and values one token takes in the KV cache of `model` (all layers)."""
     import torch

@@ -8,7 +8,9 @@ kill it at 24 GB. Prints the stage table (wall time and peak resident memory per
 episodes' mean length, so that a change to the defaults is measured against the same run.
 
     python bench/default_memory.py --engine vllm --steps 3
-    python bench/default_memory.py --engine hf --steps 2 --set micro_batch_size=8
+    python bench/default_memory.py --engine hf --steps 2 --set micro_batch_size=4
+    python bench/default_memory.py --env Wordle-v0 --prompts 2 --generations 6 --max-turns 10
+        # the README's training example (GRPOConfig(prompts_per_step=2, num_generations=6))
 
 `--set name=value` overrides one `GRPOConfig` field (a Python literal), to measure what a
 setting does.
@@ -32,6 +34,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engine", choices=["hf", "vllm"], default="vllm")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--env", default="GuessNumber-v0")
+    parser.add_argument("--prompts", type=int, default=4, help="prompts_per_step")
+    parser.add_argument("--generations", type=int, default=6, help="num_generations")
+    parser.add_argument("--max-turns", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="tokens per turn")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--output-dir", default=None)
     args = parser.parse_args()
@@ -44,14 +51,14 @@ def main() -> None:
         output_dir=output,
         engine=args.engine,
         max_steps=args.steps,
-        prompts_per_step=4,
-        num_generations=6,
-        limits=AgentLimits(max_turns=8),
+        prompts_per_step=args.prompts,
+        num_generations=args.generations,
+        limits=AgentLimits(max_turns=args.max_turns, max_new_tokens=args.max_new_tokens),
         progress_bar=False,
         **overrides,
     )
-    rows = toolgym.spec("GuessNumber-v0").dataset(64, seed=0)
-    trainer = GRPOTrainer("smollm2-135m", "GuessNumber-v0", rows, args=config)
+    rows = toolgym.spec(args.env).dataset(64, seed=0)
+    trainer = GRPOTrainer("smollm2-135m", args.env, rows, args=config)
     history = trainer.train()
     print(trainer.stages.table())
     episodes = [json.loads(line) for line in (Path(output) / "samples.jsonl").open()]
@@ -60,7 +67,7 @@ def main() -> None:
         for e in episodes
     ]
     print(
-        f"engine {args.engine}, {len(history)} steps, {len(episodes)} episodes: mean "
+        f"{args.env}, engine {args.engine}, {len(history)} steps, {len(episodes)} episodes: mean "
         f"{statistics.fmean(lengths):.0f} tokens (max {max(lengths)}), "
         f"turns {statistics.fmean(m['turns'] for m in history):.1f}, "
         f"settings {overrides or 'defaults'}"

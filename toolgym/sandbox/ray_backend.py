@@ -23,7 +23,9 @@ whose node died fails its health check or its episode (`env_error`) and is repla
 node. `GRPOConfig(sandbox="ray")` (`toolgym train --sandbox ray`) builds such a pool.
 
 Address: `RayBackend(address=...)`, else `RAY_ADDRESS`, else a Ray started for this process
-(`ray.init()`). Ray is an optional extra: `pip install toolgym[ray]`.
+(`ray.init()`: without the dashboard unless `init_options` asks, and with a watchdog that
+ends its processes when this process is killed). Ray is an optional extra: `pip install
+toolgym[ray]`.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolgym.sandbox import ray_watchdog
 from toolgym.sandbox.remote import (
     MAX_REPLY_BYTES,
     Backend,
@@ -107,7 +110,8 @@ class RayBackend:
         start_timeout: Seconds for Ray to place the actor and for the inner worker to start.
         runtime_env: Ray's runtime environment for the actors (e.g. `py_modules` for an
             environment class that the nodes cannot import otherwise).
-        init_options: Further arguments for `ray.init` when this backend starts Ray.
+        init_options: Further arguments for `ray.init` when this backend starts Ray (a Ray
+            started here has no dashboard unless they say `include_dashboard=True`).
         spread: Place the actors with Ray's SPREAD strategy: each new actor on the feasible
             node that hosts the fewest, so that a pool's instances are spread over the
             cluster's nodes. Ray's default strategy fills the node of the caller first (up to
@@ -227,13 +231,22 @@ class RayBackend:
                 _ray().kill(host.actor, no_restart=True)
 
     def connect(self) -> Any:
-        """Ray, initialised (joining `address`, `RAY_ADDRESS`, or a Ray of this process)."""
+        """Ray, initialised (joining `address`, `RAY_ADDRESS`, or a Ray of this process).
+
+        A Ray started here has no dashboard unless `init_options` asks for one, and a
+        watchdog (`ray_watchdog`) that ends its processes if this process is killed; a Ray
+        joined by address is never touched."""
         ray = _ray()
         with _INIT_LOCK:
             if not ray.is_initialized():
                 address = self.address or os.environ.get("RAY_ADDRESS") or None
                 options = {"log_to_driver": False, **self.init_options}
-                ray.init(address=address, ignore_reinit_error=True, **options)
+                local = address in (None, "local")  # a Ray started here, unless one is found
+                if local:
+                    options.setdefault("include_dashboard", False)
+                context = ray.init(address=address, ignore_reinit_error=True, **options)
+                if local:  # nothing is watched unless its processes are this process's
+                    ray_watchdog.watch(context.address_info["session_dir"])
         return ray
 
 

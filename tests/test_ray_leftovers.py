@@ -206,7 +206,9 @@ def ray_tmp() -> Iterator[str]:
 
 
 def _ray_driver(tmp: str, mode: str) -> Driver:
-    env = {**os.environ, "RAY_TMPDIR": tmp}
+    # HOME: a local Ray writes ~/.ray/auth_token (Ray 2.60 turns token authentication on),
+    # and a later `ray start` in the real home would then refuse drivers that join by address
+    env = {**os.environ, "RAY_TMPDIR": tmp, "HOME": os.path.join(tmp, "home")}
     env.pop("RAY_ADDRESS", None)
     return Driver(DRIVER, tmp, mode, LOOPBACK, env=env)
 

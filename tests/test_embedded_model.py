@@ -112,13 +112,15 @@ def test_a_partial_folder_is_rebuilt_with_a_message(converted_by_threads, tmp_pa
     cache = tmp_path / "cache"
     target = cache / embedded_model.FOLDER
     target.mkdir(parents=True)
+    (cache / f".{embedded_model.FOLDER}-converting-dead").mkdir()  # a killed conversion's
     for name in ("chat_template.jinja", "tokenizer.json", "tokenizer_config.json"):
         if (source / embedded_model.FOLDER / name).exists():
             shutil.copy(source / embedded_model.FOLDER / name, target / name)
-    assert embedded_model.problem(target) == "no manifest"
+    assert embedded_model.problem(target).startswith("no manifest")
     assert embedded_model.converted(cache) == target
     err = capfd.readouterr().err
-    assert f"toolgym: {target} is incomplete (no manifest); converting smollm2-135m again" in err
+    assert f"toolgym: {target} is incomplete (no manifest" in err
+    assert "converting smollm2-135m again" in err
     _only_the_folder_is_left(cache)
     assert embedded_model.converted(cache) == target  # verified, not converted again
     assert "converting" not in capfd.readouterr().err

@@ -21,6 +21,7 @@ def test_a_run_that_cannot_fit_stops_before_its_engine_starts(tmp_path):
     model = tiny_model(tokenizer)
     huge = GRPOConfig(
         output_dir=str(tmp_path),
+        engine="vllm",  # refused before vLLM is imported or its weights written
         gradient_checkpointing=False,
         limits=AgentLimits(max_episode_tokens=200_000_000),  # episodes no machine holds
         progress_bar=False,
@@ -31,7 +32,7 @@ def test_a_run_that_cannot_fit_stops_before_its_engine_starts(tmp_path):
     message = str(refused.value)
     assert "update activations" in message and "micro_batch_size" in message
     assert "memory_check=False" in message and "GB available" in message
-    assert not (tmp_path / "engine-weights").exists()  # refused before the engine started
+    assert not (tmp_path / "engine-weights").exists()  # refused before vLLM's weights were saved
     fits = GRPOConfig(output_dir=str(tmp_path), progress_bar=False)
     assert check_fit(fits, model, "cpu") is not None  # the defaults fit, and say so
     assert check_fit(huge, model, "cuda") is None  # only the CPU is estimated
@@ -49,9 +50,14 @@ def test_the_estimate_follows_the_settings_that_shrink_the_update():
     assert estimate(smaller, model).parts["update activations"] * 2 == pytest.approx(
         parts["new"], rel=0.01
     )  # the update's memory grows with the tokens of a micro-batch
-    lora = estimate(GRPOConfig(lora={"r": 8}), model).parts["optimizer state"]
-    assert lora < estimate(new, model).parts["optimizer state"]
+    for parameter in model.parameters():  # as LoRA leaves it: only adapters train
+        parameter.requires_grad_(parameter.ndim == 1)
+    assert estimate(new, model).parts["optimizer state"] < parts["new"]
     assert "engine KV cache" in estimate(GRPOConfig(engine="vllm"), model).parts
+    hf = estimate(GRPOConfig(engine="hf"), model)  # its caches and the update take turns
+    assert hf.total < sum(hf.parts.values()) and hf.to_come == hf.total - hf.parts["policy"]
+    overlapping = estimate(GRPOConfig(engine="hf", max_staleness=1), model)
+    assert overlapping.total == sum(overlapping.parts.values())
     assert estimate(GRPOConfig(beta=0.1), model).parts["reference model"] > 0
     assert available_memory() is None or available_memory() > 0
 

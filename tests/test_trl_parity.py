@@ -12,6 +12,8 @@ the reward.
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import math
 import sys
 from pathlib import Path
 
@@ -47,11 +49,15 @@ def tokenizer(trl):
 
 
 # -- the environments and reward functions, written as TRL's docs write them -------------------
+RESETS: list[list[str]] = []
+
+
 class Counter:
     """A counter the model must bring to the row's target (the reward lives on the instance,
     read by a reward function: the shape whose reward was once counted twice)."""
 
     def reset(self, **kwargs):
+        RESETS.append(sorted(kwargs))  # what reset is given: the row, as TRL gives it
         self.count = 0
         self.target = kwargs["target"]
         self.reward = 0.0
@@ -115,55 +121,108 @@ async def knows_the_code(completions, code, trainer_state, **kwargs):
 
 
 CALL = '<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call><|im_end|>'
-SCRIPTS = {
-    "Count to 3.": [
-        CALL.format(name="increment", arguments='{"step": 1}'),
-        CALL.format(name="peek", arguments="{}"),
-        CALL.format(name="increment", arguments='{"step": 2}'),
-        "Done.<|im_end|>",
-    ],
-    "Count to 4.": [
-        CALL.format(name="increment", arguments='{"step": 9}'),  # the tool raises
-        CALL.format(name="increment", arguments='{"step": "2"}'),  # a string for an int
-        "I give up.<|im_end|>",
-    ],
-    "A vault with a four-digit code.": [
-        CALL.format(name="try_code", arguments='{"code": 1234}'),
-        CALL.format(name="try_code", arguments='{"code": 4321}'),
-        "It is open now.<|im_end|>",
-    ],
+SCRIPTS = {  # two ways to play each row, so that a group's episodes and rewards differ
+    "Count to 3.": (
+        [
+            CALL.format(name="increment", arguments='{"step": 1}'),
+            CALL.format(name="peek", arguments="{}"),
+            CALL.format(name="increment", arguments='{"step": 2}'),
+            "Done.<|im_end|>",
+        ],
+        [CALL.format(name="increment", arguments='{"step": 2}'), "Done.<|im_end|>"],
+    ),
+    "Count to 4.": (
+        [
+            CALL.format(name="increment", arguments='{"step": 9}'),  # the tool raises
+            CALL.format(name="increment", arguments='{"step": "2"}'),  # a string for an int
+            "I give up.<|im_end|>",
+        ],
+        [CALL.format(name="increment", arguments='{"step": 4}'), "Four.<|im_end|>"],
+    ),
+    "A vault with a four-digit code.": (
+        [
+            CALL.format(name="try_code", arguments='{"code": 1234}'),
+            CALL.format(name="try_code", arguments='{"code": 4321}'),
+            "It is open now.<|im_end|>",
+        ],
+        [CALL.format(name="try_code", arguments='{"code": 1111}'), "Locked.<|im_end|>"],
+    ),
 }
 
 
-def script(tokenizer, text: str) -> list[int]:
-    """The scripted model: the next turn of the row whose observation the prompt holds."""
-    row = next(key for key in SCRIPTS if key in text)
-    turn = text.count("<|im_start|>assistant") - 1
-    return tokenizer.encode(SCRIPTS[row][turn], add_special_tokens=False)
+class Script:
+    """The scripted model: the next turn of the row whose observation the prompt holds. A
+    group's first requests (the same prompt) get the row's first way of playing, then its
+    second, in turn; later turns continue the way their first turn chose."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self.asked = tokenizer, {}
+
+    def __call__(self, text: str) -> list[int]:
+        row = next(key for key in SCRIPTS if key in text)
+        turn = text.count("<|im_start|>assistant") - 1
+        ways = SCRIPTS[row]
+        if turn == 0:
+            way = self.asked.get(text, 0) % len(ways)
+            self.asked[text] = self.asked.get(text, 0) + 1
+        else:
+            way = next(i for i, w in enumerate(ways) if w[0].removesuffix("<|im_end|>") in text)
+        return self.tokenizer.encode(ways[way][turn], add_special_tokens=False)
 
 
-def trl_batch(trl, tokenizer, rows, env, reward_funcs, **settings):
+def by_member(episodes: list, key) -> list:
+    """Each group's members in a fixed order (by `key`): the two trainers may play a group's
+    two ways of playing in either order."""
+    ordered = []
+    for start in range(0, len(episodes), GROUP):
+        ordered.extend(sorted(episodes[start : start + GROUP], key=key))
+    return ordered
+
+
+def recording(func, seen: list):
+    """`func` as a reward function that first records what it is given (prompts,
+    completions): both trainers call it by keywords, so the wrapper sees what `func` sees."""
+    if inspect.iscoroutinefunction(func):
+
+        async def wrapper(**kwargs):
+            seen.append((kwargs["prompts"], kwargs["completions"]))
+            return await func(**kwargs)
+
+    else:
+
+        def wrapper(**kwargs):
+            seen.append((kwargs["prompts"], kwargs["completions"]))
+            return func(**kwargs)
+
+    wrapper.__name__ = func.__name__
+    return wrapper
+
+
+def trl_batch(trl, tokenizer, rows, env, reward_funcs, output_dir, **settings):
     """One batch through TRL's GRPOTrainer: per episode, the first prompt, the completion
-    messages and the reward (its reward functions' weighted sum, as TRL computes it)."""
+    messages, the reward (its sources' weighted sum as TRL takes it, NaN where none scored)
+    and the advantage; and what the reward functions were given."""
     from datasets import Dataset
 
     config = trl.GRPOConfig(
-        output_dir="/tmp/toolgym-trl-parity", use_cpu=True, bf16=False, report_to=[], **settings
+        output_dir=str(output_dir), use_cpu=True, bf16=False, report_to=[], **settings
     )
+    given: list = []
     trainer = trl.GRPOTrainer(
         model=tiny_model(tokenizer),
         processing_class=tokenizer,
         args=config,
         train_dataset=Dataset.from_list(rows),
-        reward_funcs=reward_funcs,
+        reward_funcs=[recording(f, given) for f in reward_funcs],
         environment_factory=env,
     )
     prompts: list[str] = []
+    play = Script(tokenizer)
 
     def generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         texts = [tokenizer.decode(ids) for ids in prompt_ids]
         prompts.extend(t for t in texts if t.count("<|im_start|>assistant") == 1)
-        return [script(tokenizer, text) for text in texts], None
+        return [play(text) for text in texts], None
 
     trainer._generate_single_turn = generate
     seen: dict = {}
@@ -175,32 +234,38 @@ def trl_batch(trl, tokenizer, rows, env, reward_funcs, **settings):
         return per_function
 
     trainer._calculate_rewards = calculate_rewards
-    trainer._generate_and_score_completions([r for r in rows for _ in range(GROUP)])
+    batch = trainer._generate_and_score_completions([r for r in rows for _ in range(GROUP)])
     weights = trainer.reward_weights.cpu()
-    rewards = [float((row * weights).nansum()) for row in seen["per_function"]]
-    return prompts, seen["completions"], rewards
+    rewards = [
+        float((row * weights).nansum()) if not row.isnan().all() else math.nan
+        for row in seen["per_function"]
+    ]
+    advantages = batch["advantages"].cpu().tolist()
+    return prompts, seen["completions"], rewards, advantages, given
 
 
-def toolgym_batch(monkeypatch, tokenizer, rows, env, reward_funcs, **settings):
+def toolgym_batch(monkeypatch, tokenizer, rows, env, reward_funcs, output_dir, **settings):
     """The same batch through `toolgym.trl.GRPOTrainer` with the same script."""
     import toolgym.algorithms.grpo as grpo
     from toolgym.agents import ScriptedEngine
+    from toolgym.algorithms.advantages import group_advantages, trainable
     from toolgym.algorithms.sampler import make_for_row
     from toolgym.envs.calls import close_all
 
-    engine = ScriptedEngine(lambda ids: script(tokenizer, tokenizer.decode(ids)))
+    play = Script(tokenizer)
+    engine = ScriptedEngine(lambda ids: play(tokenizer.decode(ids)))
     engine.update_weights = lambda *args, **kwargs: None
     monkeypatch.setattr(grpo, "make_engine", lambda *args, **kwargs: engine)
     config = toolgym_trl.GRPOConfig(
-        output_dir="/tmp/toolgym-trl-parity-toolgym", use_cpu=True, bf16=False, report_to=[],
-        **settings,
-    )  # fmt: skip
+        output_dir=str(output_dir), use_cpu=True, bf16=False, report_to=[], **settings
+    )
+    given: list = []
     trainer = toolgym_trl.GRPOTrainer(
         model=tiny_model(tokenizer),
         processing_class=tokenizer,
         args=config,
         train_dataset=rows,
-        reward_funcs=reward_funcs,
+        reward_funcs=[recording(f, given) for f in reward_funcs],
         environment_factory=env,
     )
     sampler = trainer.sampler
@@ -213,7 +278,11 @@ def toolgym_batch(monkeypatch, tokenizer, rows, env, reward_funcs, **settings):
         close_all(envs)
     prompts = [tokenizer.decode(t.samples[0].prompt_ids) for t in played]
     completions = [[m for m in t.messages if m["role"] in ("assistant", "tool")] for t in played]
-    return prompts, completions, [t.reward for t in played]
+    rewards = [math.nan if t.reward is None else t.reward for t in played]
+    advantages, _ = group_advantages(
+        [t.reward or 0.0 for t in played], [trainable(t) for t in played], GROUP
+    )
+    return prompts, completions, rewards, advantages.tolist(), given
 
 
 def _read(messages):
@@ -222,6 +291,12 @@ def _read(messages):
         (m["role"], m.get("content"), [c["function"] for c in m.get("tool_calls") or []])
         for m in messages
     ]
+
+
+def scores_the_short_count_only(environments, **kwargs):
+    """No opinion on episodes that stopped at 2: TRL leaves them out of their group, so the
+    member scored beside one is not ranked against it (toolgym once counted it 0)."""
+    return [None if env.count == 2 else env.reward for env in environments]
 
 
 CASES = {
@@ -237,11 +312,19 @@ CASES = {
         [brevity, knows_the_code],
         {"reward_weights": [0.5, 2.0]},
     ),
+    "episodes no source scores": (
+        Counter,
+        [{"prompt": [{"role": "user", "content": "Play. "}], "target": t} for t in (3, 4)],
+        [scores_the_short_count_only],
+        {},
+    ),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_trl_and_toolgym_give_the_same_episodes_and_rewards(case, trl, tokenizer, monkeypatch):
+def test_trl_and_toolgym_give_the_same_episodes_and_rewards(
+    case, trl, tokenizer, monkeypatch, tmp_path
+):
     env, rows, funcs, extra = CASES[case]
     settings = {
         "per_device_train_batch_size": len(rows) * GROUP,
@@ -250,12 +333,34 @@ def test_trl_and_toolgym_give_the_same_episodes_and_rewards(case, trl, tokenizer
         "max_tool_calling_iterations": 5,
         **extra,
     }
-    theirs = trl_batch(trl, tokenizer, rows, env, list(funcs), **settings)  # TRL appends to it
-    ours = toolgym_batch(monkeypatch, tokenizer, rows, env, list(funcs), **settings)
-    assert ours[0] == theirs[0]  # the prompts: schemas, the row's prompt, the observation
-    assert [_read(c) for c in ours[1]] == [_read(c) for c in theirs[1]]  # results as TRL's
-    assert ours[2] == pytest.approx(theirs[2], abs=1e-6)  # the rewards
-    assert len(set(ours[2])) > 1  # the script makes the rewards differ
+    RESETS.clear()
+    theirs = trl_batch(trl, tokenizer, rows, env, list(funcs), tmp_path / "trl", **settings)
+    their_resets = sorted(RESETS)
+    RESETS.clear()
+    ours = toolgym_batch(
+        monkeypatch, tokenizer, rows, env, list(funcs), tmp_path / "tg", **settings
+    )
+    assert sorted(RESETS) == their_resets  # reset(**row): the prompt and columns, no seed
+    assert sorted(ours[0]) == sorted(theirs[0])  # prompts: schemas, the row, the observation
+    mine, their = (by_member(list(zip(*b[1:4], strict=True)), _key) for b in (ours, theirs))
+    assert [_read(c) for c, _, _ in mine] == [_read(c) for c, _, _ in their]  # tool results
+    assert [r for _, r, _ in mine] == pytest.approx([r for _, r, _ in their], nan_ok=True)
+    assert [a for _, _, a in mine] == pytest.approx([a for _, _, a in their], abs=1e-4)
+    assert any(abs(a) > 0.1 for _, _, a in mine) or case == "episodes no source scores"
+    assert _given(ours[4]) == _given(theirs[4])  # what the reward functions were given
+
+
+def _key(episode) -> str:
+    return repr(_read(episode[0]))
+
+
+def _given(given) -> list:
+    """What reward functions read of the prompts and completions, in member order."""
+    calls = []
+    for prompts, completions in given:
+        pairs = [(_read(p), _read(c)) for p, c in zip(prompts, completions, strict=True)]
+        calls.append(by_member(pairs, lambda pair: repr(pair[1])))
+    return calls
 
 
 def test_the_config_keeps_trls_defaults(trl):
@@ -291,12 +396,34 @@ def test_trls_names_map_and_the_rest_is_refused_naming_the_field():
     assert config.gradient_checkpointing and config.bf16 and config.logging_steps == 10
     with pytest.raises(TypeError, match=r"TRL's top_k=5 has no toolgym equivalent"):
         toolgym_trl.GRPOConfig(top_k=5)
-    with pytest.raises(TypeError, match=r"'per_device_batch' is not a field of TRL"):
+    with pytest.raises(TypeError, match=r"'per_device_batch' is neither a TRL 1.16 field"):
         toolgym_trl.GRPOConfig(per_device_batch=4)
     with pytest.raises(ValueError, match="divisible by num_generations"):
         toolgym_trl.GRPOConfig(per_device_train_batch_size=6, num_generations=4).to_toolgym(8)
     with pytest.raises(TypeError, match="callbacks has no toolgym equivalent"):
         toolgym_trl.GRPOTrainer("smollm2-135m", train_dataset=[{}], callbacks=[object()])
+
+
+def test_a_peft_config_as_trl_scripts_write_it_becomes_toolgyms_lora(tmp_path):
+    """TRL's examples pass `LoraConfig(task_type="CAUSAL_LM", ...)`; toolgym sets the task
+    itself, and the trainer builds its adapters from the rest."""
+    from peft import LoraConfig
+
+    tokenizer = tiny_tokenizer()
+    trainer = toolgym_trl.GRPOTrainer(
+        model=tiny_model(tokenizer),
+        reward_funcs=reward_func,
+        args=toolgym_trl.GRPOConfig(
+            output_dir=str(tmp_path), per_device_train_batch_size=2, num_generations=2
+        ),
+        train_dataset=[{"prompt": "Count.", "target": 3}] * 2,
+        processing_class=tokenizer,
+        environment_factory=Counter,
+        peft_config=LoraConfig(task_type="CAUSAL_LM", r=4, lora_alpha=16),
+    )
+    assert trainer.args.lora == {"r": 4, "lora_alpha": 16}
+    trainable = [n for n, p in trainer.learner.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in name for name in trainable)
 
 
 def test_rewards_never_count_twice_with_toolgym_classes_either():

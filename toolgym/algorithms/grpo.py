@@ -222,7 +222,7 @@ class GRPOTrainer:
         trajectories, share = rollouts.trajectories, rollouts.share
         staleness = self.step - rollouts.policy_version  # updates since its weights
         valid = functools.partial(trainable, mask_truncated=self.args.mask_truncated)
-        everyone = self.learner.gather([(t.reward, valid(t)) for t in trajectories])
+        everyone = self.learner.gather([(t.reward or 0.0, valid(t)) for t in trajectories])
         advantages, used = group_advantages(
             [r for r, _ in everyone],
             [v for _, v in everyone],

@@ -5,8 +5,9 @@ A reward function is called once per batch with keyword arguments, as TRL calls 
     f(prompts=..., completions=..., completion_ids=..., environments=..., trajectories=...,
       trainer_state=..., log_extra=..., log_metric=..., **columns) -> list[float | None]
 
-`prompts` are the rows' prompts, `completions` the messages each episode added after the
-prompt, `completion_ids` each episode's completion tokens (model and tool tokens, as TRL's),
+`prompts` are the prompts as the model read them (the row's messages with reset's
+observation appended, as TRL passes them), `completions` the messages each episode added after
+the prompt, `completion_ids` each episode's completion tokens (model and tool tokens, as TRL's),
 `environments` the episodes' environments (a plain class's own instances, as TRL passes them;
 see `_as_given`), `trajectories` toolgym's records,
 `trainer_state` a `transformers.TrainerState` (`global_step`, `max_steps`, `epoch`),
@@ -14,7 +15,8 @@ see `_as_given`), `trajectories` toolgym's records,
 the other dataset columns as lists. A function that takes no `**kwargs` gets only the
 arguments it names. It may be async. `None` (or NaN, as TRL reads it) means "no opinion" for
 that episode: the weighted sum is taken over the sources that gave a value (an episode no
-source scores gets 0, with a warning); any other value must be a finite number.
+source scores is left out of its group's baseline and the update, as TRL leaves it, with a
+warning); any other value must be a finite number.
 
 Which sources score an episode (TRL's rule for TRL-shaped classes, so a reward is never
 counted twice):
@@ -36,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolgym.agents.trajectory import Trajectory
+from toolgym.agents.trajectory import MODEL_FAILURES, Trajectory
 from toolgym.envs.calls import run_coroutine
 
 RewardFunc = Callable[..., Any]
@@ -71,51 +73,65 @@ def compute_rewards(
     *,
     trainer_state: Any = None,
     logs: RewardLogs | None = None,
-) -> tuple[list[float], dict[str, list[float]]]:
-    """Weighted total reward per trajectory, and each source's values (NaN for None).
+    model_failure_reward: float | None = None,
+) -> tuple[list[float | None], dict[str, list[float]]]:
+    """Weighted total reward per trajectory (None for one that no source scored: as TRL does,
+    the trainer leaves it out of its group's baseline and of the update), and each source's
+    values (NaN for None).
 
     `weights` lists one weight per source in order (the environment's first, when it is a
     source, then each function's), or, as TRL takes them, one per reward function (the
-    environment's reward then weighs 1)."""
+    environment's reward then weighs 1). `model_failure_reward` (`AgentLimits`'): an episode
+    the model's own failure ended keeps the penalty its reward holds, whatever the class."""
     logs = logs if logs is not None else RewardLogs()
     sources: dict[str, list[float | None]] = {}
     if env_reward:
-        scores = [
-            _env_scores(env, bool(reward_funcs)) for env in _padded(environments, trajectories)
-        ]
+        envs = _padded(environments, trajectories)
         sources["env"] = [
-            t.reward if s else None for t, s in zip(trajectories, scores, strict=True)
+            t.reward
+            if _env_scores(env, bool(reward_funcs))
+            or (model_failure_reward is not None and t.status in MODEL_FAILURES)
+            else None
+            for t, env in zip(trajectories, envs, strict=True)
         ]
     for func in reward_funcs:
         name = getattr(func, "__name__", "reward")
         sources[name] = _call(func, trajectories, rows, environments, trainer_state, logs)
     if not sources:
         raise ValueError("no reward source: pass reward_funcs or keep env_reward=True")
+    weights = _weights(weights, list(sources), len(reward_funcs), env_reward)
+    totals: list[float | None] = []
+    for index in range(len(trajectories)):
+        pairs = zip(weights, sources.values(), strict=True)
+        given = [(w, float(value)) for w, v in pairs if (value := v[index]) is not None]
+        totals.append(sum((w * value for w, value in given), 0.0) if given else None)
+    unscored = totals.count(None)
+    if unscored:
+        warnings.warn(
+            f"{unscored} of {len(trajectories)} episodes got no reward from any source "
+            f"({', '.join(sources)}): left out of their groups' baselines and the update, as "
+            "TRL leaves them",
+            stacklevel=2,
+        )
+    table = {k: [math.nan if x is None else float(x) for x in v] for k, v in sources.items()}
+    return totals, table
+
+
+def _weights(
+    weights: Sequence[float] | None, sources: list[str], functions: int, env_reward: bool
+) -> list[float]:
+    """One weight per source: as given, all 1, or TRL's one per function (the
+    environment's reward, a source TRL adds itself, then weighs 1)."""
     if weights is None:
-        weights = [1.0] * len(sources)
-    elif env_reward and len(weights) == len(reward_funcs) and reward_funcs:
-        weights = [1.0, *weights]  # TRL's reward_weights: the functions', the environment's is 1
-    weights = list(weights)
+        return [1.0] * len(sources)
+    if env_reward and functions and len(weights) == functions:
+        return [1.0, *weights]
     if len(weights) != len(sources):
         raise ValueError(
             f"{len(weights)} reward weights for {len(sources)} reward sources "
             f"({', '.join(sources)}); give one per source, or one per reward function"
         )
-    totals: list[float] = []
-    unscored = 0
-    for index in range(len(trajectories)):
-        pairs = zip(weights, sources.values(), strict=True)
-        given = [(w, float(value)) for w, v in pairs if (value := v[index]) is not None]
-        unscored += not given
-        totals.append(sum((w * value for w, value in given), 0.0))
-    if unscored:
-        warnings.warn(
-            f"{unscored} of {len(trajectories)} episodes got no reward from any source "
-            f"({', '.join(sources)}): counted 0, as TRL counts them",
-            stacklevel=2,
-        )
-    table = {k: [math.nan if x is None else float(x) for x in v] for k, v in sources.items()}
-    return totals, table
+    return list(weights)
 
 
 def _padded(environments: Sequence[Any], trajectories: Sequence[Trajectory]) -> list[Any]:
@@ -163,10 +179,11 @@ def _call(
     trainer_state: Any,
     logs: RewardLogs,
 ) -> list[float | None]:
-    columns = {k: [row.get(k) for row in rows] for k in rows[0] if k not in _NOT_COLUMNS}
+    names = rows[0] if rows else {}
+    columns = {k: [row.get(k) for row in rows] for k in names if k not in _NOT_COLUMNS}
     arguments: dict[str, Any] = {
-        **(columns if rows else {}),
-        "prompts": [row.get("prompt") for row in rows],
+        **columns,
+        "prompts": [_prompt(t) for t in trajectories],
         "completions": [t.messages[len(t.messages) - _added(t) :] for t in trajectories],
         "completion_ids": [_completion_ids(t) for t in trajectories],
         "environments": [_as_given(env) for env in environments],
@@ -218,6 +235,12 @@ def _checked(name: str, index: int, value: Any) -> float | None:
             "a reward is a finite number or None"
         )
     return number
+
+
+def _prompt(trajectory: Trajectory) -> list[dict[str, Any]]:
+    """The prompt as the model read it: the row's messages with reset's observation appended
+    (TRL passes its rebuilt prompt too)."""
+    return trajectory.messages[: len(trajectory.messages) - _added(trajectory)]
 
 
 def _completion_ids(trajectory: Trajectory) -> list[int]:

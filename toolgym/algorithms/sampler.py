@@ -209,6 +209,7 @@ class Sampler:
             args.env_reward,
             trainer_state=trainer_state,
             logs=logs,
+            model_failure_reward=args.limits.model_failure_reward,
         )
         for column, values in logs.extras.items():
             for trajectory, value in zip(trajectories, values, strict=False):
@@ -216,7 +217,10 @@ class Sampler:
         if any(t.step_rewards for t in trajectories):
             sources["step_rewards"] = [step_reward_total(t) for t in trajectories]
             if args.step_rewards == "return":
-                rewards = [r + s for r, s in zip(rewards, sources["step_rewards"], strict=True)]
+                rewards = [
+                    s if r is None else r + s
+                    for r, s in zip(rewards, sources["step_rewards"], strict=True)
+                ]
         for index, (trajectory, reward) in enumerate(zip(trajectories, rewards, strict=True)):
             trajectory.reward = reward
             trajectory.reward_sources = {

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import sys
 
 from toolgym.cli.endpoint import add_endpoint_command
@@ -75,7 +76,20 @@ def main(argv: list[str] | None = None) -> int:
     except CLIError as error:
         print(f"toolgym {args.command}: error: {terminal_text(error)}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # `toolgym envs | head`: the reader left; end quietly
-        devnull = os.open(os.devnull, os.O_WRONLY)
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise  # another pipe (a socket, a subprocess): not the reader leaving
+        devnull = os.open(os.devnull, os.O_WRONLY)  # `toolgym envs | head`: end quietly
         os.dup2(devnull, sys.stdout.fileno())  # nothing more to flush into the closed pipe
         return 1
+
+
+def _stdout_closed() -> bool:
+    """Whether standard output is a pipe whose reader has gone (poll reports an error on
+    its write end)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no poll, or no descriptor
+        return False

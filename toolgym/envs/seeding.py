@@ -67,7 +67,8 @@ def warn_if_unseedable(cls: type) -> None:
             f"{cls.__name__} draws from the `random` module ({', '.join(where)}), which the "
             "seed passed to reset cannot reach: two instances reset with the same seed (a "
             "GRPO group) may start from different states. Draw from a generator of its own "
-            "(`random.Random(seed)`; reset receives `seed`, and a toolgym.Environment's "
+            "(`random.Random(seed)`; a reset that names a `seed` parameter receives it, and a "
+            "toolgym.Environment's "
             "`self.rng` is seeded), or set `seed_global_random = True` on the class to have "
             "toolgym seed the `random` module with the episode's seed before each reset "
             "(such resets take turns; draws in tools stay unreproducible).",

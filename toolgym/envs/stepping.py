@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 from toolgym.envs.calls import (
@@ -189,11 +190,16 @@ class LocalExecutor(Executor):
     def reset(self, row: dict[str, Any]) -> str | None:
         """Start the episode (`toolgym.envs.core.begin_episode`: an `Environment`'s `rng`
         seeded, its `reward` and any instance's `done` cleared), then call the instance's
-        `reset` with the columns it accepts."""
+        `reset` with the columns it accepts (and the episode's `seed` where it is an
+        `Environment` or names a `seed` parameter: a plain class's `**kwargs` gets the row
+        alone, as TRL passes it)."""
         self.begin_episode()
         begin_episode(self.instance, row.get("seed"))  # seeded and clean before its reset
+        arguments = dict(accepted_kwargs(self.instance.reset)(row))
+        if not is_environment_class(self.target) and not _names_seed(self.instance.reset):
+            arguments.pop("seed", None)  # a class written for TRL: the row alone, as TRL gives
         with global_random_seeded(self.target, row.get("seed")):  # where the class asked
-            return _resolved(self.instance.reset(**accepted_kwargs(self.instance.reset)(row)))
+            return _resolved(self.instance.reset(**arguments))
 
     def begin_episode(self) -> None:
         """Forget the last episode's answer (`reset`, and `Stepper.begin_episode`)."""
@@ -722,3 +728,11 @@ def trl_shaped(env: Any) -> bool:
     if not isinstance(target, type) or target is type(executor):
         return False
     return not is_environment_class(target)
+
+
+def _names_seed(reset: Callable[..., Any]) -> bool:
+    """Whether `reset` has a parameter named `seed` (not just `**kwargs`)."""
+    try:
+        return "seed" in inspect.signature(reset).parameters
+    except (TypeError, ValueError):
+        return False

@@ -282,7 +282,7 @@ def instance_tools(instance: object) -> dict[str, Tool]:
         if not environment and name in HOOK_NAMES:
             check_hook(cls, name, method)
             continue
-        tool = make_tool(method, owner=cls.__name__)
+        tool = make_tool(method, owner=cls.__name__, trl_schema=not environment)
         if tool.name != name:
             tool.schema["function"]["name"] = name
             tool = dataclasses.replace(tool, name=name)

@@ -245,8 +245,9 @@ class RayBackend:
                 if local:
                     options.setdefault("include_dashboard", False)
                 context = ray.init(address=address, ignore_reinit_error=True, **options)
-                if local:  # nothing is watched unless its processes are this process's
-                    ray_watchdog.watch(context.address_info["session_dir"])
+                session_dir = getattr(context, "address_info", {}).get("session_dir")
+                if local and session_dir:  # watched only if its processes are this process's
+                    ray_watchdog.watch(session_dir)
         return ray
 
 

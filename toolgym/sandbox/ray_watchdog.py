@@ -143,6 +143,7 @@ def watch(session_dir: str) -> subprocess.Popen | None:
             stderr=log,
             start_new_session=True,
             close_fds=True,
+            cwd="/",
         )
     # reap it when it exits before us
     threading.Thread(target=process.wait, name="toolgym-ray-watchdog", daemon=True).start()

@@ -80,7 +80,9 @@ OUTPUT_KEPT = 64 << 10
 the rest is read and dropped, so a program that prints without end costs no memory."""
 
 _endpoints: dict[int, Endpoint] = {}
-_lock = threading.Lock()
+# re-entrant: starting an endpoint's thread may run a finalizer (`_close`) of an older agent's
+# endpoint in this same thread, while `_endpoint_for` holds the lock (a deadlock with a Lock)
+_lock = threading.RLock()
 _log = logging.getLogger(__name__)
 
 

@@ -394,7 +394,7 @@ def test_bad_requests_inside_a_joined_session_lose_nothing(tokenizer, sdk):
     with Endpoint(ScriptedEngine(script), tokenizer, parser="hermes") as endpoint:
         key = endpoint.open_session()
         url = f"{endpoint.base_url}/chat/completions"
-        headers = {"Authorization": f"Bearer {key}"}
+        headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
         answers = []
 
         def hostile(request) -> None:  # each time the SDK calls, bad requests go first

@@ -107,7 +107,7 @@ async def _idle_closing(app: Any, scope: Any, receive: Any, send: Any, timeout: 
             return {"type": "websocket.disconnect", "code": 1001}
         try:
             return await asyncio.wait_for(inbox.get(), timeout)
-        except asyncio.TimeoutError:  # 3.10: not yet the builtin
+        except TimeoutError:
             if not state["accepted"]:
                 return await inbox.get()  # the handshake is openenv-core's to finish
             state["closed"] = True

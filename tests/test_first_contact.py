@@ -64,16 +64,22 @@ def test_ids_a_file_registers_are_usable_by_name(tmp_path, capsys):
     assert "mine/Echo-v0" in out and "echo: Echo the text." in out
 
 
-def test_a_tracker_without_its_package_names_the_extra():
-    from toolgym.algorithms import GRPOConfig
+def test_a_tracker_without_its_package_names_the_extra(tmp_path):
+    """Refused when training starts, before the model loads (a config naming a tracker can be
+    written anywhere); it once ended in a raw ModuleNotFoundError after the model loaded."""
+    from toolgym.algorithms import GRPOConfig, GRPOTrainer
+
+    def start(tracker: str) -> None:
+        args = GRPOConfig(output_dir=str(tmp_path), report_to=[tracker])
+        GRPOTrainer("no-such-model-is-loaded", "Wordle-v0", [{"prompt": "go"}], args=args)
 
     with pytest.raises(ValueError, match="unknown tracker 'mlflow'"):
-        GRPOConfig(report_to=["mlflow"])
+        start("mlflow")
     missing = [name for name in ("wandb", "trackio") if importlib.util.find_spec(name) is None]
     if not missing:
         pytest.skip("wandb and trackio are both installed")
     with pytest.raises(ValueError, match=rf'pip install "toolgym\[{missing[0]}\]"'):
-        GRPOConfig(report_to=[missing[0]])
+        start(missing[0])
 
 
 def test_the_declared_python_is_the_one_tested():

@@ -268,7 +268,6 @@ class GRPOConfig:
             )
         if self.sandbox_resources is not None and self.sandbox != "ray":
             raise ValueError('sandbox_resources only apply with sandbox="ray"')
-        check_trackers(self.report_to)
 
     @property
     def engine_log_path(self) -> str:

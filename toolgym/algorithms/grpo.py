@@ -27,7 +27,7 @@ from toolgym.agents.engines.logs import engine_logs_to_file, engine_logs_to_term
 from toolgym.agents.images import VisionInputs
 from toolgym.agents.trajectory import outcome, save_jsonl, summarize
 from toolgym.algorithms.advantages import group_advantages, trainable
-from toolgym.algorithms.config import GRPOConfig, SFTConfig
+from toolgym.algorithms.config import GRPOConfig, SFTConfig, check_trackers
 from toolgym.algorithms.engine_choice import (
     check_pipelining,
     make_engine,
@@ -358,7 +358,9 @@ class GRPOTrainer:
 def _process_setup(args: GRPOConfig) -> Accelerator:
     """This process's part of a run: its `Accelerator` (`cpu=True` without CUDA, so the ranks
     of `accelerate launch --multi_gpu` join one gloo group; collectives time out after
-    `distributed_timeout`), its seed, and the allocator's mmap threshold (`mmap_threshold`)."""
+    `distributed_timeout`), its seed, and the allocator's mmap threshold (`mmap_threshold`);
+    first, the trackers `report_to` names must be installed (`check_trackers`)."""
+    check_trackers(args.report_to)  # a missing package is named before anything loads
     timeout = InitProcessGroupKwargs(timeout=timedelta(seconds=args.distributed_timeout))
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), kwargs_handlers=[timeout])
     threshold_for_training(args.mmap_threshold, accelerator.device.type)

@@ -44,7 +44,8 @@ def leftovers(tag: str, workers: list[int]) -> list[int]:
     for pid in workers:
         with contextlib.suppress(OSError):
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            worker = b"toolgym.sandbox.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+            worker = b"toolgym/sandbox/boot.py" in command or b"toolgym.sandbox.worker" in command
             if worker and state != "Z":
                 alive.append(pid)
     return marked(tag) + alive

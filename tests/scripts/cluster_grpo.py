@@ -43,9 +43,11 @@ def descendants(pid: int) -> list[int]:
 
 def sandboxed(pid: int) -> bool:
     try:
-        return b"toolgym.sandbox.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
+    # a worker runs toolgym/sandbox/boot.py (the process backend), or the worker module
+    return b"toolgym/sandbox/boot.py" in command or b"toolgym.sandbox.worker" in command
 
 
 def main(output: Path, model_folder: str, urls: str, weight_sync: str = "folder") -> None:

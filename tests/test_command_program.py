@@ -130,6 +130,37 @@ def test_a_python_program_s_own_reward_must_be_a_finite_number(tmp_path):
     assert math.isfinite(outcomes["inf"].reward)
 
 
+def test_an_old_agent_s_endpoint_closes_from_any_thread_while_a_new_one_starts():
+    """Before, a collected agent's finalizer took the endpoints' lock in whatever thread the
+    collector ran: in a new endpoint's server thread, while that endpoint's start held the
+    lock, neither went on and the episode ended 'could not listen ... within 30 s'."""
+    import gc
+    import threading
+
+    from toolgym.agents import program as program_module
+
+    async def program(base_url, api_key, row, env):
+        return 1.0
+
+    agent = scripted_agent(tiny_tokenizer(), ["x<|im_end|>"])
+    (played,) = agent.run(
+        [toolgym.make("Wordle-v0")], wordle_rows(1), rollout_fn=program_rollout(program)
+    )
+    assert played.status == "finished", played.error
+    endpoint = program_module._endpoints[id(agent)]
+    agent.cycle = agent  # freed only by the collector, as agents in reference cycles are
+    del agent, played
+    collector = threading.Thread(target=gc.collect)
+    with program_module._lock:  # as while a new agent's endpoint starts
+        collector.start()
+        collector.join(timeout=10)
+        assert not collector.is_alive(), "the finalizer waited on the endpoints' lock"
+    deadline = time.monotonic() + 30
+    while endpoint._thread is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert endpoint._thread is None, "the old endpoint was never closed"
+
+
 def test_a_command_gets_a_minimal_environment(tmp_path, monkeypatch):
     """Before, the trainer's whole environment (a fake HF_TOKEN) reached the program."""
     monkeypatch.setenv("HF_TOKEN", "hf_fake_secret")

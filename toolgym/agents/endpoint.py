@@ -265,15 +265,26 @@ class Endpoint:
             log_level="warning",
             lifespan="off",
         )
-        self._server = uvicorn.Server(config)
+        self._server = server = uvicorn.Server(config)
+        failure: list[BaseException] = []
+
+        def serve() -> None:
+            try:
+                server.run()
+            except BaseException as error:  # reported by start(), not lost with the thread
+                failure.append(error)
+
         self._thread = threading.Thread(  # daemon: an endpoint nobody closed never holds exit
-            target=self._server.run, name="toolgym-endpoint", daemon=True
+            target=serve, name="toolgym-endpoint", daemon=True
         )
         self._thread.start()
         deadline = time.monotonic() + 30
-        while not self._server.started:
+        while not server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"the endpoint could not listen on {self.host}:{self.port}")
+                why = f": {failure[0]!r}" if failure else " (the server stopped before it began)"
+                if self._thread.is_alive():
+                    why = " within 30 s"
+                raise RuntimeError(f"the endpoint could not listen on {self.host}:{self.port}{why}")
             time.sleep(0.01)
         self.port = self._server.servers[0].sockets[0].getsockname()[1]
         return self.base_url

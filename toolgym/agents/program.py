@@ -80,9 +80,7 @@ OUTPUT_KEPT = 64 << 10
 the rest is read and dropped, so a program that prints without end costs no memory."""
 
 _endpoints: dict[int, Endpoint] = {}
-# re-entrant: starting an endpoint's thread may run a finalizer (`_close`) of an older agent's
-# endpoint in this same thread, while `_endpoint_for` holds the lock (a deadlock with a Lock)
-_lock = threading.RLock()
+_lock = threading.Lock()  # held while an agent's endpoint starts; `_close` never takes it
 _log = logging.getLogger(__name__)
 
 
@@ -281,7 +279,13 @@ def _endpoint_for(ctx: RolloutContext) -> Endpoint:
 
 
 def _close(agent_id: int) -> None:
-    with _lock:
-        endpoint = _endpoints.pop(agent_id, None)
+    """An agent's finalizer: stop its endpoint, taking no lock and waiting for nothing.
+
+    The collector runs it in whatever thread allocated at the time: often the server thread of
+    a new endpoint that `_endpoint_for` is starting under `_lock` (taking the lock there kept
+    that server from ever starting), or the old endpoint's own server thread (which cannot join
+    itself). So the entry is dropped at once (a dict pop is atomic) and the close, which waits
+    for the server thread, runs in a thread of its own."""
+    endpoint = _endpoints.pop(agent_id, None)
     if endpoint is not None:
-        endpoint.close()
+        threading.Thread(target=endpoint.close, name="toolgym-endpoint-close", daemon=True).start()

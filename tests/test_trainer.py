@@ -440,3 +440,51 @@ def test_warmup_computes_the_shared_prompt_once_with_the_same_result(tokenizer, 
     assert runs[0] == pytest.approx(runs[1], rel=1e-4)
     for p, q in zip(models[0].parameters(), models[1].parameters(), strict=True):
         assert torch.allclose(p, q, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "corrections, path",
+    [
+        (
+            dict(
+                loss_type="grpo",
+                importance_sampling_level="sequence",
+                importance_sampling_mode="sequence_mask",
+                off_policy_mask_threshold=0.0,
+            ),
+            "chunked",
+        ),
+        (dict(loss_type="cispo", cispo_cap=1.05, importance_sampling_mode="token_mask"), "fused"),
+    ],
+    ids=["gspo, sequence mask, opsm", "cispo, token mask"],
+)
+def test_the_off_policy_corrections_train_and_log(
+    tokenizer, tmp_path, monkeypatch, corrections, path
+):
+    """GSPO, OPSM, CISPO and the masked weights through the whole trainer (checked against
+    their formulas and TRL in test_off_policy.py): the step runs on the path they need and
+    logs the engine/trainer mismatch and what the corrections dropped."""
+    from toolgym.algorithms import learner
+
+    paths = []
+    real = learner.learner_loss
+    monkeypatch.setattr(
+        learner, "learner_loss", lambda impl, *a: paths.append(impl) or real(impl, *a)
+    )
+    torch.manual_seed(0)
+    args = config(
+        tmp_path, max_steps=1, num_iterations=2, learning_rate=3e-2, env_reward=False, **corrections
+    )
+    trainer = GRPOTrainer(
+        train_tool_caller(tokenizer), "Wordle-v0", rows(6), reward_funcs=[length_mod_7],
+        args=args, tokenizer=tokenizer,
+    )  # fmt: skip
+    (metrics,) = trainer.train()
+    assert set(paths) == {path}
+    assert metrics["reward_std"] > 0 and math.isfinite(metrics["loss"])
+    assert metrics["mismatch_kl"] >= 0 and metrics["mismatch_abs"] >= 0
+    assert 0 <= metrics["is_masked"] <= 1
+    if "off_policy_mask_threshold" in corrections:
+        assert 0 <= metrics["off_policy_masked"] <= 1
+    else:
+        assert metrics["clip_fraction/pass2"] > 0  # CISPO's cap acts from the second pass

@@ -394,6 +394,13 @@ def test_trls_names_map_and_the_rest_is_refused_naming_the_field():
     assert config.limits.max_turns == 4 and config.limits.max_episode_tokens == 300
     assert (config.engine, config.vllm_server_url) == ("vllm-server", "http://127.0.0.1:8011")
     assert config.gradient_checkpointing and config.bf16 and config.logging_steps == 10
+    # TRL's corrections by default: a sequence mask at 3.0 on what vLLM sampled, KL corrected
+    assert config.importance_sampling and config.importance_sampling_mode == "sequence_mask"
+    assert (config.importance_sampling_cap, config.importance_sampling_min) == (3.0, None)
+    assert config.kl_bias_correction and config.loss_settings().whole_sequences
+    assert not toolgym_trl.GRPOConfig().to_toolgym(8).importance_sampling  # TRL: vLLM only
+    cispo = toolgym_trl.GRPOConfig(loss_type="cispo", epsilon_high=5.0).to_toolgym(8)
+    assert (cispo.loss_type, cispo.cispo_cap) == ("cispo", 5.0)
     with pytest.raises(TypeError, match=r"TRL's top_k=5 has no toolgym equivalent"):
         toolgym_trl.GRPOConfig(top_k=5)
     with pytest.raises(TypeError, match=r"'per_device_batch' is neither a TRL 1.16 field"):

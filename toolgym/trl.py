@@ -45,13 +45,10 @@ WITHOUT_EQUIVALENT: dict[str, Any] = {
     "disable_dropout": False,
     "sync_ref_model": False,
     "top_entropy_quantile": 1.0,
-    "importance_sampling_level": "token",
     "delta": None,
     "num_generations_eval": None,
     "vllm_enable_sleep_mode": False,
     "vllm_tensor_parallel_size": 1,
-    "vllm_importance_sampling_mode": "sequence_mask",
-    "off_policy_mask_threshold": None,
     "multi_objective_aggregation": "sum_then_normalize",
     "use_transformers_continuous_batching": False,
     "cast_lm_head_to_fp32": False,
@@ -131,7 +128,12 @@ class GRPOConfig:
     vllm_server_host: str = "0.0.0.0"
     vllm_server_port: int = 8000
     vllm_importance_sampling_correction: bool = True
-    vllm_importance_sampling_clip_max: float = 3.0
+    vllm_importance_sampling_mode: str = "sequence_mask"
+    vllm_importance_sampling_clip_max: float | None = 3.0
+    vllm_importance_sampling_clip_min: float | None = None
+    importance_sampling_level: str = "token"
+    off_policy_mask_threshold: float | None = None
+    use_bias_correction_kl: bool = True
     gradient_checkpointing: bool = True
     bf16: bool | None = None
     logging_steps: int = 10
@@ -248,8 +250,16 @@ class GRPOConfig:
             "scale_rewards": self.scale_rewards,
             "reward_weights": self.reward_weights,
             "mask_truncated": self.mask_truncated_completions,
-            "importance_sampling": self.vllm_importance_sampling_correction,
+            # TRL corrects only what vLLM sampled
+            "importance_sampling": self.vllm_importance_sampling_correction and self.use_vllm,
+            "importance_sampling_mode": self.vllm_importance_sampling_mode,
             "importance_sampling_cap": self.vllm_importance_sampling_clip_max,
+            "importance_sampling_min": self.vllm_importance_sampling_clip_min,
+            "importance_sampling_level": self.importance_sampling_level,
+            "off_policy_mask_threshold": self.off_policy_mask_threshold,
+            "kl_bias_correction": self.use_bias_correction_kl,
+            # TRL caps CISPO's ratio at epsilon_high itself (ScaleRL's epsilon_max)
+            "cispo_cap": self.epsilon if self.epsilon_high is None else self.epsilon_high,
         }
 
     def _logging(self) -> dict[str, Any]:

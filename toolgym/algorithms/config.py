@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from toolgym.agents.limits import AgentLimits
 from toolgym.sandbox import BACKENDS
 
-LossType = Literal["grpo", "dr_grpo", "dapo", "bnpo"]
+if TYPE_CHECKING:
+    from toolgym.algorithms.losses import LossSettings
+
+LossType = Literal["grpo", "dr_grpo", "dapo", "bnpo", "cispo"]
+ImportanceMode = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 ScaleRewards = Literal["group", "batch", "none"]
 EngineName = Literal["hf", "vllm", "vllm-server"]
 
@@ -79,7 +83,10 @@ class GRPOConfig:
     chunk's gradients at once (`toolgym.algorithms.fused_loss`: least memory, no recomputed
     logits); "chunked" computes logprobs by checkpointed chunks, then the loss; "full" holds
     the whole batch's logits (the reference). "auto": "fused" (each path falls back to full
-    logits for a model whose logits the chunked head does not reproduce)."""
+    logits for a model whose logits the chunked head does not reproduce), or "chunked" where
+    a token's term needs its whole sequence (`importance_sampling_level="sequence"`, a
+    "sequence_*" `importance_sampling_mode`, `off_policy_mask_threshold`), which "fused"
+    refuses."""
     share_prefix: bool | None = None
     """Compute a micro-batch's common prompt prefix once, not once per row: the prefix runs
     as a batch of one and the rows attend to its keys and values, with gradients through them
@@ -178,7 +185,18 @@ class GRPOConfig:
     """Token aggregation: `grpo` (mean per sequence, then over sequences), `bnpo` (mean over
     the micro-batch's tokens), `dapo` (sum over the step's tokens divided by their count, so
     every token weighs the same however the step is split), `dr_grpo` (sum divided by
-    trajectories x `limits.max_episode_tokens`)."""
+    trajectories x `limits.max_episode_tokens`); or `cispo` (MiniMax-M1: each token's term is
+    `-sg(min(ratio, cispo_cap)) * A * logp`, so a token whose ratio left the clip range still
+    gets a gradient, bounded; aggregated as `dapo`)."""
+    cispo_cap: float = 5.0
+    """CISPO's cap of the ratio (ScaleRL's epsilon_max, 5.0 there); only with
+    `loss_type="cispo"`."""
+    importance_sampling_level: Literal["token", "sequence"] = "token"
+    """Whose probability ratio the clipped objective reads: each token's, or one per
+    sequence (GSPO: `exp` of the mean of the row's token log-ratios; with `loss_type="grpo"`
+    the loss is GSPO's). A sequence is one training row: a whole episode, or one turn where
+    episodes are trained per turn (`per_turn`). Acts only where the ratio leaves 1
+    (`num_iterations` > 1, `max_staleness` > 0)."""
     max_staleness: int = 0
     """Play the rollouts of the next steps while this step's update runs, at most this many
     updates ahead (off-policy by at most `max_staleness` updates; the importance-sampling
@@ -197,11 +215,30 @@ class GRPOConfig:
     beta: float = 0.0
     """KL coefficient against the reference model (the starting policy); the reference is
     kept only when beta > 0."""
+    kl_bias_correction: bool = False
+    """Multiply the KL term by the probability ratio (TRL's `use_bias_correction_kl`, on
+    there by default): its gradient then estimates the reverse KL's without bias when the
+    samples come from the old policy (`num_iterations` > 1, `max_staleness` > 0)."""
     importance_sampling: bool = True
-    """Correct for the engine's sampling distribution differing from the trainer's
-    (truncated importance weights from the engine's logprobs)."""
-    importance_sampling_cap: float = 2.0
-    """Cap of the truncated importance weight."""
+    """Correct for the engine's sampling distribution differing from the trainer's (the
+    weight `exp(logp_trainer_old - logp_engine)`, bounded as `importance_sampling_mode`
+    says). Either way `mismatch_kl` (KL(engine || trainer), k3 estimate over sampled tokens)
+    and `mismatch_abs` (mean |logp_trainer - logp_engine|) are logged each step."""
+    importance_sampling_mode: ImportanceMode = "token_truncate"
+    """How the weight is bounded: per token clamped to [`importance_sampling_min`,
+    `importance_sampling_cap`] ("token_truncate", truncated IS) or zeroed outside it
+    ("token_mask", masked IS), or one weight per sequence from the sum of its tokens'
+    log-differences, clamped or zeroed ("sequence_truncate", "sequence_mask": TRL 1.16's
+    default). The masked share of tokens is logged as `is_masked`."""
+    importance_sampling_cap: float | None = 2.0
+    """Upper bound C_max of the weight (None: none)."""
+    importance_sampling_min: float | None = None
+    """Lower bound C_min of the weight (None: none). With neither bound, no correction."""
+    off_policy_mask_threshold: float | None = None
+    """DeepSeek-V3.2's off-policy sequence mask (OPSM): a sequence with a negative advantage
+    whose mean `logp_engine - logp_trainer` over its sampled tokens exceeds this leaves the
+    policy-gradient term (its KL term stays); the dropped share is logged as
+    `off_policy_masked`. None: off (0.5 is a usual value)."""
     mask_truncated: bool = False
     """Leave episodes that hit a length limit (`length`, `max_turns`) out of the loss."""
     reward_weights: list[float] | None = None
@@ -256,8 +293,12 @@ class GRPOConfig:
             raise ValueError("num_generations must be at least 2 for a group baseline")
         if self.loss_impl not in ("auto", "fused", "chunked", "full"):
             raise ValueError(f"unknown loss_impl {self.loss_impl!r}")
-        if self.loss_type not in ("grpo", "dr_grpo", "dapo", "bnpo"):
-            raise ValueError(f"unknown loss_type {self.loss_type!r}")
+        settings = self.loss_settings()  # refuses unknown loss types, modes and levels
+        from toolgym.algorithms.fused_loss import resolve_loss_impl
+
+        resolve_loss_impl(self.loss_impl, settings.whole_sequences)  # fused + whole rows
+        if self.cispo_cap <= 0:
+            raise ValueError("cispo_cap must be positive")
         if self.scale_rewards not in ("group", "batch", "none"):
             raise ValueError(f"unknown scale_rewards {self.scale_rewards!r}")
         if self.advantage not in ("grpo", "rloo"):
@@ -268,6 +309,32 @@ class GRPOConfig:
             )
         if self.sandbox_resources is not None and self.sandbox != "ray":
             raise ValueError('sandbox_resources only apply with sandbox="ray"')
+
+    def correction_settings(self) -> dict[str, Any]:
+        """The off-policy corrections as `policy_loss`'s keywords."""
+        on = self.importance_sampling
+        return dict(
+            importance_cap=self.importance_sampling_cap if on else None,
+            importance_floor=self.importance_sampling_min if on else None,
+            importance_mode=self.importance_sampling_mode,
+            ratio_level=self.importance_sampling_level,
+            off_policy_threshold=self.off_policy_mask_threshold,
+            cispo_cap=self.cispo_cap,
+            kl_bias_correction=self.kl_bias_correction,
+        )
+
+    def loss_settings(self) -> LossSettings:
+        """The loss's settings (checked: unknown names are refused)."""
+        from toolgym.algorithms.losses import LossSettings
+
+        return LossSettings(
+            loss_type=self.loss_type,
+            clip_low=self.epsilon,
+            clip_high=self.clip_high,
+            beta=self.beta,
+            temperature=self.temperature,
+            **self.correction_settings(),
+        )
 
     @property
     def engine_log_path(self) -> str:

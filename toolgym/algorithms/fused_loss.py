@@ -22,7 +22,7 @@ weights) instead of four (checkpointed chunks recompute the logits).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import torch
@@ -31,16 +31,17 @@ from torch.func import functional_call
 
 from toolgym.algorithms.losses import (
     LogitTransform,
+    LossSettings,
     StepNormalizer,
     aggregation_weights,
     captured_hidden,
     chunk_positions,
     chunked_logprobs_match,
     full_logprobs,
-    importance_weight,
+    loss_terms,
+    mismatch_stats,
     policy_loss,
     token_logprobs,
-    token_terms,
     transformed_logits,
 )
 
@@ -48,26 +49,22 @@ LossImpl = Literal["auto", "fused", "chunked", "full"]
 LOSS_IMPLS = ("auto", "fused", "chunked", "full")
 
 
-def resolve_loss_impl(setting: str) -> str:
+def resolve_loss_impl(setting: str, whole_sequences: bool = False) -> str:
     """`GRPOConfig.loss_impl` resolved: "auto" is "fused" on every device (it falls back to
     full logits by itself where the head applied by chunks would not reproduce the model's
-    logits)."""
+    logits), and "chunked" where the loss needs whole sequences' logprobs before any token's
+    term (`LossSettings.whole_sequences`: a sequence-level ratio or weight, OPSM)."""
     if setting not in LOSS_IMPLS:
         raise ValueError(f"unknown loss_impl {setting!r}; expected one of {', '.join(LOSS_IMPLS)}")
-    return "fused" if setting == "auto" else setting
-
-
-@dataclass(frozen=True)
-class LossSettings:
-    """The loss's scalar settings (see `policy_loss`)."""
-
-    loss_type: str = "dapo"
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    beta: float = 0.0
-    importance_cap: float | None = None
-    temperature: float = 1.0
-    transform: LogitTransform = field(default_factory=LogitTransform)
+    if setting == "fused" and whole_sequences:
+        raise ValueError(
+            'loss_impl="fused" computes each chunk of tokens on its own, but a sequence-level '
+            "ratio or importance weight, or OPSM, needs each row's whole logprobs: use "
+            'loss_impl="auto" or "chunked"'
+        )
+    if setting == "auto":
+        return "chunked" if whole_sequences else "fused"
+    return setting
 
 
 def _chunk_loss(
@@ -86,17 +83,7 @@ def _chunk_loss(
     chosen = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     logprobs = chosen - torch.logsumexp(logits, -1)
     old = logprobs.detach() if old is None else old
-    weight = importance_weight(old, sampling, settings.importance_cap)
-    terms = token_terms(
-        logprobs,
-        old,
-        advantage,
-        settings.clip_low,
-        settings.clip_high,
-        weight,
-        settings.beta,
-        ref,
-    )
+    terms = loss_terms(logprobs, old, advantage, settings, ref, sampling)
     return (terms.loss * weights).sum(), logprobs.detach()
 
 
@@ -228,6 +215,12 @@ def fused_policy_loss(
     ref_logprobs: torch.Tensor | None = None,
     sampling_logprobs: torch.Tensor | None = None,
     importance_cap: float | None = None,
+    importance_floor: float | None = None,
+    importance_mode: str = "token_truncate",
+    ratio_level: str = "token",
+    off_policy_threshold: float | None = None,
+    cispo_cap: float = 5.0,
+    kl_bias_correction: bool = False,
     episode_tokens: torch.Tensor | None = None,
     chunk_size: int = 1024,
     temperature: float = 1.0,
@@ -249,6 +242,12 @@ def fused_policy_loss(
     """
     if beta > 0 and ref_logprobs is None:
         raise ValueError("beta > 0 needs the reference model's logprobs")
+    settings = LossSettings(
+        loss_type, clip_low, clip_high, beta, importance_cap, importance_floor,
+        importance_mode, ratio_level, off_policy_threshold, cispo_cap, kl_bias_correction,
+        temperature,
+    )  # fmt: skip
+    resolve_loss_impl("fused", settings.whole_sequences)  # refuses what needs whole rows
     if not chunked_logprobs_match(model, input_ids):
         logprobs = full_logprobs(model, input_ids, attention_mask, temperature)
         old = logprobs.detach() if old_logprobs is None else old_logprobs
@@ -256,10 +255,11 @@ def fused_policy_loss(
             logprobs, old, advantages, mask, normalizer, loss_type=loss_type,
             clip_low=clip_low, clip_high=clip_high, beta=beta, ref_logprobs=ref_logprobs,
             sampling_logprobs=sampling_logprobs, importance_cap=importance_cap,
+            importance_floor=importance_floor, importance_mode=importance_mode,
+            cispo_cap=cispo_cap, kl_bias_correction=kl_bias_correction,
             episode_tokens=episode_tokens,
         )  # fmt: skip
-    settings = LossSettings(loss_type, clip_low, clip_high, beta, importance_cap, temperature)
-    sampling = sampling_logprobs if importance_cap is not None else None
+    sampling = sampling_logprobs if settings.corrects else None
     advantage = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
     per_token: dict[str, torch.Tensor | None] = dict(advantage=advantage.expand_as(mask))
     per_token |= dict(old=old_logprobs, ref=ref_logprobs if beta > 0 else None, sampling=sampling)
@@ -269,9 +269,8 @@ def fused_policy_loss(
     )  # fmt: skip
     # the figures for the logs, from the same logprobs (no gradient, (B, T) only)
     old = logprobs if old_logprobs is None else old_logprobs
-    weight = importance_weight(old, sampling_logprobs, importance_cap)
-    terms = token_terms(logprobs, old, advantage, clip_low, clip_high, weight, beta, ref_logprobs)
-    return loss, terms.stats(mask)
+    terms = loss_terms(logprobs, old, advantage, settings, ref_logprobs, sampling_logprobs, mask)
+    return loss, terms.stats(mask) | mismatch_stats(old, sampling_logprobs, mask)
 
 
 def _fused(

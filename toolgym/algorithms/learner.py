@@ -281,23 +281,25 @@ class Learner:
         if self.ref_model is not None:
             with torch.no_grad():
                 ref = self._logprobs(self.ref_model, batch)
-        settings = dict(
-            advantages=batch.token_advantages[:, 1:],
-            mask=mask,
-            normalizer=normalizer,
-            loss_type=args.loss_type,
-            clip_low=args.epsilon,
-            clip_high=args.clip_high,
-            beta=args.beta,
-            ref_logprobs=ref,
-            sampling_logprobs=sampling_logprobs,
-            importance_cap=args.importance_sampling_cap if args.importance_sampling else None,
-            episode_tokens=batch.episode_tokens,
+        settings = (
+            dict(
+                advantages=batch.token_advantages[:, 1:],
+                mask=mask,
+                normalizer=normalizer,
+                loss_type=args.loss_type,
+                clip_low=args.epsilon,
+                clip_high=args.clip_high,
+                beta=args.beta,
+                ref_logprobs=ref,
+                sampling_logprobs=sampling_logprobs,
+                episode_tokens=batch.episode_tokens,
+            )
+            | args.correction_settings()
         )
         autocast = torch.autocast(batch.input_ids.device.type, torch.bfloat16, enabled=args.bf16)
         with autocast, images_bound(self.model, self.vision, batch.input_ids, batch.images):
             loss, stats = learner_loss(
-                resolve_loss_impl(args.loss_impl),
+                resolve_loss_impl(args.loss_impl, args.loss_settings().whole_sequences),
                 self.model,
                 batch,
                 old_logprobs,

@@ -19,6 +19,18 @@ slightly different distribution (truncated importance sampling), and aggregates 
 as `loss_type` says (see `GRPOConfig.loss_type`). Masked tokens (prompt, tool results,
 padding) count nowhere: not in the loss, not in the KL, not in any token count.
 
+The field's variants, each a setting of `LossSettings` (and of `GRPOConfig`):
+- the weight `w` per token or per row (`exp` of the row's summed log-differences), clamped to
+  [C_min, C_max] ("truncate") or zeroed outside it ("mask"), as TRL's
+  `vllm_importance_sampling_mode`;
+- GSPO's sequence ratio (`ratio_level="sequence"`): `ratio = exp(mean over the row's tokens
+  of (logp - logp_old))`, one per row, in the clipped objective;
+- CISPO (`loss_type="cispo"`): `pg = -sg(min(ratio, cispo_cap)) * A * logp`, aggregated as
+  "dapo";
+- DeepSeek-V3.2's off-policy sequence mask (OPSM): `pg` is dropped for rows with a negative
+  advantage whose mean `logp_engine - logp` exceeds `off_policy_threshold`.
+`pg` is multiplied by the OPSM mask and by `w` before the KL term is added, as in TRL.
+
 `toolgym.algorithms.fused_loss` computes the same loss with the head, the log-softmax and
 these terms fused per chunk (`GRPOConfig.loss_impl`); `full_logprobs` is the reference path
 over whole logits.
@@ -31,7 +43,7 @@ import warnings
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -332,6 +344,70 @@ def _chunked(
     return torch.cat(pieces).view(batch, length)
 
 
+IMPORTANCE_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+"""How the engine/trainer mismatch is corrected (TRL's `vllm_importance_sampling_mode`)."""
+RATIO_LEVELS = ("token", "sequence")
+"""Whose probability ratio the clipped objective reads: each token's, or the sequence's
+length-normalised one (GSPO)."""
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """The loss's scalar settings (see `policy_loss` and `GRPOConfig`'s fields of the same
+    meaning)."""
+
+    loss_type: str = "dapo"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    beta: float = 0.0
+    importance_cap: float | None = None
+    """C_max of the engine/trainer importance weight (None: no upper bound)."""
+    importance_floor: float | None = None
+    """C_min (None: no lower bound). With neither bound there is no correction."""
+    importance_mode: str = "token_truncate"
+    ratio_level: str = "token"
+    off_policy_threshold: float | None = None
+    """DeepSeek-V3.2's off-policy sequence mask (OPSM): drop a negative-advantage sequence whose
+    mean per-token KL from the sampler exceeds this (None: off)."""
+    cispo_cap: float = 5.0
+    """CISPO's cap of the (detached) ratio (ScaleRL's epsilon_max)."""
+    kl_bias_correction: bool = False
+    """Multiply the KL term by the ratio (TRL's `use_bias_correction_kl`), so that its gradient
+    is an unbiased estimate of the reverse KL's under samples from the old policy."""
+    temperature: float = 1.0
+    transform: LogitTransform = field(default_factory=LogitTransform)
+
+    def __post_init__(self) -> None:
+        if self.loss_type not in ("grpo", "dr_grpo", "dapo", "bnpo", "cispo"):
+            raise ValueError(f"unknown loss_type {self.loss_type!r}")
+        if self.importance_mode not in IMPORTANCE_MODES:
+            raise ValueError(
+                f"unknown importance_mode {self.importance_mode!r}; "
+                f"expected one of {', '.join(IMPORTANCE_MODES)}"
+            )
+        if self.ratio_level not in RATIO_LEVELS:
+            raise ValueError(
+                f"unknown ratio_level {self.ratio_level!r}; expected token or sequence"
+            )
+
+    @property
+    def corrects(self) -> bool:
+        """Whether the engine/trainer importance weight is applied."""
+        return self.importance_cap is not None or self.importance_floor is not None
+
+    @property
+    def whole_sequences(self) -> bool:
+        """Whether a token's loss depends on the rest of its sequence (a sequence-level ratio
+        or weight, or OPSM): such losses need every logprob of a row before any token's term,
+        so they are computed from whole logprobs (`loss_impl="chunked"` or "full")."""
+        sequence_weight = self.corrects and self.importance_mode.startswith("sequence")
+        return (
+            self.ratio_level == "sequence"
+            or sequence_weight
+            or self.off_policy_threshold is not None
+        )
+
+
 def policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -346,6 +422,12 @@ def policy_loss(
     ref_logprobs: torch.Tensor | None = None,
     sampling_logprobs: torch.Tensor | None = None,
     importance_cap: float | None = None,
+    importance_floor: float | None = None,
+    importance_mode: str = "token_truncate",
+    ratio_level: str = "token",
+    off_policy_threshold: float | None = None,
+    cispo_cap: float = 5.0,
+    kl_bias_correction: bool = False,
     episode_tokens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """This micro-batch's share of the step loss, and statistics for the logs.
@@ -356,84 +438,191 @@ def policy_loss(
         advantages: (B,) one per trajectory, or (B, T) one per token.
         mask: (B, T) 1.0 on sampled tokens that enter the loss.
         normalizer: Counts over the whole step.
-        loss_type: "grpo", "dr_grpo", "dapo" or "bnpo".
+        loss_type: "grpo", "dr_grpo", "dapo", "bnpo" (the clipped objective, aggregated as
+            named) or "cispo" (`-sg(min(ratio, cispo_cap)) * A * logp`, aggregated as "dapo").
         clip_low, clip_high: Clip range of the ratio.
         beta: KL coefficient (needs `ref_logprobs`).
         ref_logprobs: (B, T) the reference model's logprobs.
-        sampling_logprobs: (B, T) the engine's logprobs, for importance sampling.
-        importance_cap: Cap of the importance weight (None: no correction).
+        sampling_logprobs: (B, T) the engine's logprobs, for importance sampling, OPSM and
+            the mismatch figures.
+        importance_cap, importance_floor: Bounds of the importance weight `exp(logp_old -
+            logp_engine)` (neither: no correction).
+        importance_mode: "token_truncate" (clamp each token's weight to the bounds),
+            "token_mask" (0 outside them), "sequence_truncate" / "sequence_mask" (the same for
+            one weight per row, from the sum of the row's log-differences).
+        ratio_level: "token", or "sequence" (GSPO: one ratio per row, `exp` of the mean of the
+            row's log-ratios, clipped and broadcast to its tokens).
+        off_policy_threshold: OPSM's delta (None: off).
+        cispo_cap: CISPO's cap of the ratio.
+        kl_bias_correction: Multiply the KL term by the ratio (TRL's `use_bias_correction_kl`).
         episode_tokens: (B,) sampled tokens of each row's whole episode, for `grpo` (rows that
             are one turn of an episode are averaged over the episode); default: the row's own.
     """
     if beta > 0 and ref_logprobs is None:
         raise ValueError("beta > 0 needs the reference model's logprobs")
+    settings = LossSettings(
+        loss_type, clip_low, clip_high, beta, importance_cap, importance_floor,
+        importance_mode, ratio_level, off_policy_threshold, cispo_cap, kl_bias_correction,
+    )  # fmt: skip
     advantage = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
-    weight = importance_weight(old_logprobs, sampling_logprobs, importance_cap)
-    terms = token_terms(
-        logprobs, old_logprobs, advantage, clip_low, clip_high, weight, beta, ref_logprobs
+    terms = loss_terms(
+        logprobs, old_logprobs, advantage, settings, ref_logprobs, sampling_logprobs, mask
     )
     loss = aggregate(terms.loss * mask, mask, normalizer, loss_type, episode_tokens)
-    return loss, terms.stats(mask)
+    return loss, terms.stats(mask) | mismatch_stats(old_logprobs, sampling_logprobs, mask)
 
 
 def importance_weight(
-    old_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor | None, cap: float | None
+    old_logprobs: torch.Tensor,
+    sampling_logprobs: torch.Tensor | None,
+    settings: LossSettings,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
-    """The truncated importance weight `min(exp(logp_old - logp_engine), cap)`, detached
-    (None: no correction)."""
-    if cap is None or sampling_logprobs is None:
+    """The engine/trainer importance weight from `exp(logp_old - logp_engine)`, detached:
+    (B, T) per token, or (B, 1) per row in the sequence modes (which need `mask`); None: no
+    correction. Tokens the engine gave no logprob for (NaN) weigh 1."""
+    if not settings.corrects or sampling_logprobs is None:
         return None
-    return torch.exp(old_logprobs - sampling_logprobs).clamp(max=cap).detach()
+    gap = torch.nan_to_num(old_logprobs - sampling_logprobs, nan=0.0).detach()
+    if settings.importance_mode.startswith("sequence"):
+        if mask is None:
+            raise ValueError("a sequence-level importance weight needs the mask")
+        gap = (gap * mask).sum(-1, keepdim=True)
+    ratio = torch.exp(gap)
+    low, high = settings.importance_floor, settings.importance_cap
+    if settings.importance_mode.endswith("truncate"):
+        return ratio.clamp(min=low, max=high)
+    outside = torch.zeros_like(ratio, dtype=torch.bool)
+    if low is not None:
+        outside |= ratio < low
+    if high is not None:
+        outside |= ratio > high
+    return ratio.masked_fill(outside, 0.0)
+
+
+def off_policy_keep(
+    advantage: torch.Tensor,
+    logprobs: torch.Tensor,
+    sampling_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    threshold: float,
+) -> torch.Tensor:
+    """DeepSeek-V3.2's off-policy sequence mask: 1 where a token's advantage is not negative or
+    its row's mean `logp_engine - logp` over sampled tokens is at most `threshold`, else 0
+    (detached; (B, 1) or (B, T) as `advantage`). Tokens without an engine logprob count 0."""
+    gap = torch.nan_to_num(sampling_logprobs - logprobs.detach(), nan=0.0)
+    mean_gap = (gap * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
+    return ((advantage >= 0) | (mean_gap <= threshold)).to(logprobs.dtype)
 
 
 @dataclass
 class TokenTerms:
-    """The per-token pieces of the policy loss (all (B, T) or one chunk's (N,))."""
+    """The per-token pieces of the policy loss (all (B, T) or one chunk's (N,); a sequence-level
+    ratio or weight is (B, 1), broadcast)."""
 
     loss: torch.Tensor
-    """`pg * w + beta * kl`, not yet masked."""
+    """`pg * keep * w + beta * kl`, not yet masked."""
     unclipped: torch.Tensor
     clipped: torch.Tensor
     weight: torch.Tensor | None
     kl: torch.Tensor | None
+    kept: torch.Tensor | None = None
+    """OPSM's mask (1 keep, 0 drop), where on."""
+    masks_weights: bool = False
+    """Whether a weight of 0 means the importance mask dropped the token."""
 
     def stats(self, mask: torch.Tensor) -> dict[str, float]:
-        """Masked means for the logs: `clip_fraction`, and `is_weight` and `kl` where used."""
+        """Masked means for the logs: `clip_fraction`, and where used `is_weight`,
+        `is_masked` (tokens the importance mask zeroed), `off_policy_masked` (tokens OPSM
+        dropped) and `kl`."""
         denominator = mask.sum().clamp(min=1)
+
+        def mean(values: torch.Tensor) -> float:
+            return float((values.detach() * mask).sum() / denominator)
+
         stats: dict[str, float] = {}
         if self.weight is not None:
-            stats["is_weight"] = ((self.weight * mask).sum() / denominator).item()
+            stats["is_weight"] = mean(self.weight)
+            if self.masks_weights:
+                stats["is_masked"] = mean((self.weight == 0).to(mask.dtype))
+        if self.kept is not None:
+            stats["off_policy_masked"] = mean(1 - self.kept)
         if self.kl is not None:
-            stats["kl"] = ((self.kl * mask).sum() / denominator).item()
-        was_clipped = ((self.unclipped - self.clipped).abs() > 0).float()
-        stats["clip_fraction"] = ((was_clipped * mask).sum() / denominator).item()
+            stats["kl"] = mean(self.kl)
+        stats["clip_fraction"] = mean(((self.unclipped - self.clipped).abs() > 0).to(mask.dtype))
         return stats
 
 
-def token_terms(
+def loss_terms(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     advantage: torch.Tensor,
-    clip_low: float,
-    clip_high: float,
-    weight: torch.Tensor | None,
-    beta: float,
-    ref_logprobs: torch.Tensor | None,
+    settings: LossSettings,
+    ref_logprobs: torch.Tensor | None = None,
+    sampling_logprobs: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
 ) -> TokenTerms:
-    """Each token's clipped, importance-weighted policy-gradient term plus its KL term (the
-    formula in this module's docstring); `advantage` has the shape of `logprobs`."""
-    ratio = torch.exp(logprobs - old_logprobs)
-    unclipped = ratio * advantage
-    clipped = torch.clamp(ratio, 1 - clip_low, 1 + clip_high) * advantage
-    per_token = -torch.min(unclipped, clipped)
+    """Each token's loss term (the formula in this module's docstring, with the settings'
+    ratio level, importance mode, OPSM and CISPO); `advantage` broadcasts to `logprobs`.
+    Settings that need whole sequences (`LossSettings.whole_sequences`) need `mask`."""
+    if settings.whole_sequences and mask is None:
+        raise ValueError("a sequence-level ratio, weight or OPSM needs whole rows and their mask")
+    log_ratio = logprobs - old_logprobs
+    if settings.ratio_level == "sequence":
+        assert mask is not None
+        log_ratio = (log_ratio * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(
+            min=1
+        )
+    ratio = torch.exp(log_ratio)
+    if settings.loss_type == "cispo":
+        unclipped = ratio * advantage
+        capped = ratio.clamp(max=settings.cispo_cap)
+        clipped = capped * advantage
+        per_token = -capped.detach() * advantage * logprobs
+    else:
+        unclipped = ratio * advantage
+        clipped = torch.clamp(ratio, 1 - settings.clip_low, 1 + settings.clip_high) * advantage
+        per_token = -torch.min(unclipped, clipped)
+    kept = None
+    if settings.off_policy_threshold is not None:
+        assert mask is not None
+        sampler = old_logprobs if sampling_logprobs is None else sampling_logprobs
+        kept = off_policy_keep(advantage, logprobs, sampler, mask, settings.off_policy_threshold)
+        per_token = per_token * kept
+    weight = importance_weight(old_logprobs, sampling_logprobs, settings, mask)
     if weight is not None:
         per_token = per_token * weight
     kl = None
-    if beta > 0 and ref_logprobs is not None:
+    if settings.beta > 0 and ref_logprobs is not None:
         delta = ref_logprobs - logprobs
         kl = torch.exp(delta) - delta - 1
-        per_token = per_token + beta * kl
-    return TokenTerms(per_token, unclipped, clipped, weight, kl)
+        if settings.kl_bias_correction:
+            kl = kl * ratio
+        per_token = per_token + settings.beta * kl
+    masks = settings.importance_mode.endswith("mask")
+    return TokenTerms(per_token, unclipped, clipped, weight, kl, kept, masks)
+
+
+def mismatch_stats(
+    old_logprobs: torch.Tensor, sampling_logprobs: torch.Tensor | None, mask: torch.Tensor
+) -> dict[str, float]:
+    """How far the engine's sampling distribution is from the trainer's, over the sampled
+    tokens (logged whether or not a correction is on), with `d = logp_trainer - logp_engine`:
+    `mismatch_kl`, the mean of `exp(d) - d - 1` (the k3 estimate of KL(engine || trainer)),
+    and `mismatch_abs`, the mean of `|d|`. Tokens without an engine logprob are left out."""
+    if sampling_logprobs is None:
+        return {}
+    gap = (old_logprobs - sampling_logprobs).detach()
+    scored = mask * (~torch.isnan(gap)).to(mask.dtype)
+    gap = torch.nan_to_num(gap, nan=0.0)
+    count = scored.sum()
+    if count == 0:
+        return {}
+    k3 = (torch.exp(gap) - gap - 1).clamp(min=0)  # >= 0; rounding makes tiny negatives
+    return {
+        "mismatch_kl": float((k3 * scored).sum() / count),
+        "mismatch_abs": float((gap.abs() * scored).sum() / count),
+    }
 
 
 def aggregate(
@@ -451,7 +640,7 @@ def aggregate(
         return per_sequence.sum() / max(normalizer.sequences, 1)
     if loss_type == "bnpo":
         return masked.sum() / mask.sum().clamp(min=1) / max(normalizer.micro_batches, 1)
-    if loss_type == "dapo":
+    if loss_type in ("dapo", "cispo"):
         return masked.sum() / max(normalizer.tokens, 1.0)
     if loss_type == "dr_grpo":
         return masked.sum() / max(normalizer.sequences * normalizer.max_tokens, 1)
@@ -471,7 +660,7 @@ def aggregation_weights(
         return mask / lengths.clamp(min=1).unsqueeze(1) / max(normalizer.sequences, 1)
     if loss_type == "bnpo":
         return mask / mask.sum().clamp(min=1) / max(normalizer.micro_batches, 1)
-    if loss_type == "dapo":
+    if loss_type in ("dapo", "cispo"):
         return mask / max(normalizer.tokens, 1.0)
     if loss_type == "dr_grpo":
         return mask / max(normalizer.sequences * normalizer.max_tokens, 1)

@@ -488,3 +488,31 @@ def test_the_off_policy_corrections_train_and_log(
         assert 0 <= metrics["off_policy_masked"] <= 1
     else:
         assert metrics["clip_fraction/pass2"] > 0  # CISPO's cap acts from the second pass
+
+
+def test_turn_credit_reaches_the_update(tokenizer, tmp_path, monkeypatch):
+    """`credit="turn"` through the whole trainer: the update gets one advantage per sampled
+    token, constant within each turn (the values are checked by hand in test_turn_credit.py)."""
+    from toolgym.algorithms import learner
+
+    seen = []
+    real = learner.Learner.update
+
+    def spy(self, trajectories, advantages, used, everywhere, turn_credit=None):
+        seen.append((trajectories, turn_credit))
+        return real(self, trajectories, advantages, used, everywhere, turn_credit)
+
+    monkeypatch.setattr(learner.Learner, "update", spy)
+    torch.manual_seed(0)
+    args = config(tmp_path, max_steps=1, credit="turn", env_reward=False)
+    trainer = GRPOTrainer(
+        train_tool_caller(tokenizer), "Wordle-v0", rows(6), reward_funcs=[length_mod_7],
+        args=args, tokenizer=tokenizer,
+    )  # fmt: skip
+    (metrics,) = trainer.train()
+    ((trajectories, credit),) = seen
+    assert credit is not None and len(credit) == len(trajectories) == 6
+    assert math.isfinite(metrics["loss"])
+    for trajectory, per_sample in zip(trajectories, credit, strict=True):
+        for sample, values in zip(trajectory.samples, per_sample, strict=True):
+            assert len(values) == len(sample.completion_ids)

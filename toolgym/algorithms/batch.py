@@ -81,13 +81,15 @@ def training_samples(
     advantages: Sequence[float] | torch.Tensor | None = None,
     used: Sequence[bool] | torch.Tensor | None = None,
     step_credit: bool = False,
+    turn_credit: Sequence[list[list[float]]] | None = None,
 ) -> list[TrainingSample]:
     """Every sample of every trajectory, in order, with its trajectory's advantage (default
     0) and `used` flag (default True); with `step_credit`, the episode's step rewards (an
     inline episode's per-step rewards, a chat episode's tool calls' rewards) credit the
     tokens of their spans (`rewards.step_reward_bonus`), each in the sample it names (the
-    last, where it names none)."""
-    for name, values in (("advantages", advantages), ("used", used)):
+    last, where it names none). `turn_credit` (per trajectory, per sample, per completion
+    token: `turn_credit.token_credit`) replaces both: each token's advantage is its turn's."""
+    for name, values in (("advantages", advantages), ("used", used), ("turn_credit", turn_credit)):
         if values is not None and len(values) != len(trajectories):
             raise ValueError(f"{len(values)} {name} for {len(trajectories)} trajectories")
     rows: list[TrainingSample] = []
@@ -100,6 +102,13 @@ def training_samples(
             if step_credit
             else set()
         )
+        if turn_credit is not None:
+            credit = turn_credit[index]
+            rows.extend(
+                TrainingSample(sample, 0.0, use, tokens, credit[at])
+                for at, sample in enumerate(trajectory.samples)
+            )
+            continue
         rows.extend(
             TrainingSample(
                 sample,

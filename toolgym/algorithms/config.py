@@ -178,6 +178,13 @@ class GRPOConfig:
     # -- the objective -------------------------------------------------------------------------
     advantage: Literal["grpo", "rloo"] = "grpo"
     """Group baseline: mean of the group (GRPO) or mean of the others (RLOO)."""
+    credit: Literal["episode", "turn"] = "episode"
+    """What each assistant turn's tokens are credited with: the episode's advantage
+    ("episode"), or the turn's own (`toolgym.algorithms.turn_credit`: the reward that followed
+    the turn, step rewards included, minus the mean of the same for the group's other members
+    at that turn; unbiased for episodes of different lengths). "turn" needs step rewards to
+    mean anything (a chat environment's `StepResult.reward`, or inline step rewards) and
+    `step_rewards="return"`."""
     scale_rewards: ScaleRewards = "group"
     """Divide advantages by the reward std of the group, of the batch, or not at all
     (Dr. GRPO recommends "none")."""
@@ -303,6 +310,14 @@ class GRPOConfig:
             raise ValueError(f"unknown scale_rewards {self.scale_rewards!r}")
         if self.advantage not in ("grpo", "rloo"):
             raise ValueError(f"unknown advantage {self.advantage!r}")
+        if self.credit not in ("episode", "turn"):
+            raise ValueError(f"unknown credit {self.credit!r}; expected episode or turn")
+        if self.credit == "turn" and self.step_rewards != "return":
+            raise ValueError(
+                f'credit="turn" credits each turn with the step rewards that follow it; '
+                f'step_rewards="{self.step_rewards}" would count them twice or not at all: '
+                'use step_rewards="return"'
+            )
         if self.sandbox is not None and self.sandbox not in BACKENDS:
             raise ValueError(
                 f"unknown sandbox {self.sandbox!r}; expected one of {', '.join(BACKENDS)}"

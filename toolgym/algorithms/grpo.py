@@ -51,6 +51,7 @@ from toolgym.algorithms.tracking import (
     plot_rewards,
     step_metrics,
 )
+from toolgym.algorithms.turn_credit import batch_credit
 
 Row = dict[str, Any]
 
@@ -230,10 +231,16 @@ class GRPOTrainer:
             baseline=self.args.advantage,
             scale=self.args.scale_rewards,
         )
+        credit = None
+        if self.args.credit == "turn":
+            credit = batch_credit(
+                trajectories, everyone, share, self.args.num_generations,
+                self.args.scale_rewards, self.learner.gather,
+            )  # fmt: skip
         update_started = time.perf_counter()
         with self.stages.stage("update"):
             loss_stats = self.learner.update(
-                trajectories, advantages[share], used[share], int(used.sum())
+                trajectories, advantages[share], used[share], int(used.sum()), credit
             )
         self.step += 1
         with self.stages.stage("weight sync"):

@@ -170,13 +170,17 @@ class Learner:
         advantages: torch.Tensor,
         used: torch.Tensor,
         used_everywhere: int,
+        turn_credit: list[list[list[float]]] | None = None,
     ) -> dict[str, float]:
         """One optimizer step over this process's trajectories, in micro-batches of similar
         lengths (less padding; the step's loss does not depend on the grouping); returns the
-        loss's figures averaged over micro-batches and passes."""
+        loss's figures averaged over micro-batches and passes. `turn_credit`: per trajectory,
+        per sample, per completion token, the advantage (`GRPOConfig.credit="turn"`)."""
         args = self.args
         size = args.micro_batch_size
-        rows = training_samples(trajectories, advantages, used, args.step_rewards == "tokens")
+        rows = training_samples(
+            trajectories, advantages, used, args.step_rewards == "tokens", turn_credit
+        )
         rows.sort(key=lambda row: row.length)  # stable: ties keep their order
         batches = [
             collate(rows[i : i + size], self.pad_id).to(self.accelerator.device)

@@ -490,9 +490,10 @@ def test_the_off_policy_corrections_train_and_log(
         assert metrics["clip_fraction/pass2"] > 0  # CISPO's cap acts from the second pass
 
 
-def test_turn_credit_reaches_the_update(tokenizer, tmp_path, monkeypatch):
-    """`credit="turn"` through the whole trainer: the update gets one advantage per sampled
-    token, constant within each turn (the values are checked by hand in test_turn_credit.py)."""
+def test_turn_credit_and_dynamic_sampling_reach_the_update(tokenizer, tmp_path, monkeypatch):
+    """`credit="turn"` and `dynamic_sampling` through the whole trainer: the update gets one
+    advantage per sampled token (the values are checked by hand in test_turn_credit.py) and
+    the step's batch as configured; the step logs dynamic sampling's figures."""
     from toolgym.algorithms import learner
 
     seen = []
@@ -504,7 +505,7 @@ def test_turn_credit_reaches_the_update(tokenizer, tmp_path, monkeypatch):
 
     monkeypatch.setattr(learner.Learner, "update", spy)
     torch.manual_seed(0)
-    args = config(tmp_path, max_steps=1, credit="turn", env_reward=False)
+    args = config(tmp_path, max_steps=1, credit="turn", env_reward=False, dynamic_sampling=True)
     trainer = GRPOTrainer(
         train_tool_caller(tokenizer), "Wordle-v0", rows(6), reward_funcs=[length_mod_7],
         args=args, tokenizer=tokenizer,
@@ -512,7 +513,8 @@ def test_turn_credit_reaches_the_update(tokenizer, tmp_path, monkeypatch):
     (metrics,) = trainer.train()
     ((trajectories, credit),) = seen
     assert credit is not None and len(credit) == len(trajectories) == 6
-    assert math.isfinite(metrics["loss"])
+    assert math.isfinite(metrics["loss"]) and metrics["dynamic_rounds"] >= 0
+    assert metrics["dynamic_groups_played"] >= args.prompts_per_step
     for trajectory, per_sample in zip(trajectories, credit, strict=True):
         for sample, values in zip(trajectory.samples, per_sample, strict=True):
             assert len(values) == len(sample.completion_ids)

@@ -178,6 +178,15 @@ class GRPOConfig:
     # -- the objective -------------------------------------------------------------------------
     advantage: Literal["grpo", "rloo"] = "grpo"
     """Group baseline: mean of the group (GRPO) or mean of the others (RLOO)."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: groups whose rewards are all equal (no advantage) are replaced
+    by groups of fresh rows, played in extra rounds of `prompts_per_step` rows, until the step
+    holds `prompts_per_step` groups with signal or `dynamic_sampling_rounds` rounds are
+    played (then the step's own signal-less groups fill it). Logged per step:
+    `dynamic_rounds`, `dynamic_groups_played`, `dynamic_groups_kept_without_signal`. One
+    process only, for now. Off by default: what it pays on the flagship is not measured yet."""
+    dynamic_sampling_rounds: int = 2
+    """The most extra rounds one step plays for dynamic sampling."""
     credit: Literal["episode", "turn"] = "episode"
     """What each assistant turn's tokens are credited with: the episode's advantage
     ("episode"), or the turn's own (`toolgym.algorithms.turn_credit`: the reward that followed
@@ -310,6 +319,8 @@ class GRPOConfig:
             raise ValueError(f"unknown scale_rewards {self.scale_rewards!r}")
         if self.advantage not in ("grpo", "rloo"):
             raise ValueError(f"unknown advantage {self.advantage!r}")
+        if self.dynamic_sampling_rounds < 1:
+            raise ValueError("dynamic_sampling_rounds must be at least 1")
         if self.credit not in ("episode", "turn"):
             raise ValueError(f"unknown credit {self.credit!r}; expected episode or turn")
         if self.credit == "turn" and self.step_rewards != "return":

@@ -250,7 +250,7 @@ class GRPOTrainer:
         logged = self.learner.gather([rollouts.reward_metrics])  # TRL's log_metric values
         metrics = step_metrics(everyone, outcomes, sources, used, self.args, logged)
         self._signal.check(self.step, metrics, self.accelerator.is_main_process)
-        metrics.update(loss_stats | self._sync_figures)  # the sync's seconds and bytes
+        metrics.update(loss_stats | self._sync_figures | rollouts.dynamic)
         metrics.update(
             rollout_seconds=rollouts.seconds,
             update_seconds=time.perf_counter() - update_started,

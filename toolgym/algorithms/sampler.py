@@ -23,6 +23,7 @@ from toolgym.agents.engines.base import SamplingParams
 from toolgym.agents.rollout import Agent
 from toolgym.agents.trajectory import Trajectory
 from toolgym.algorithms.config import GRPOConfig
+from toolgym.algorithms.dynamic_sampling import Played, extra_rows, fill_with_signal, split
 from toolgym.algorithms.rewards import (
     RewardFunc,
     RewardLogs,
@@ -49,6 +50,8 @@ class Rollouts:
     seconds: float
     reward_metrics: dict[str, list[float]] = field(default_factory=dict)
     """Values reward functions logged with TRL's `log_metric(name, value)`, by name."""
+    dynamic: dict[str, float] = field(default_factory=dict)
+    """Dynamic sampling's figures for the step's metrics (empty when it is off)."""
 
 
 class Sampler:
@@ -78,6 +81,11 @@ class Sampler:
     ) -> None:
         if not train_rows:
             raise ValueError("train_dataset is empty")
+        if args.dynamic_sampling and process[1] > 1:
+            raise ValueError(
+                "dynamic_sampling runs on one process for now (the groups it keeps would have "
+                "to move between processes); run one process or set dynamic_sampling=False"
+            )
         self.agent, self.make_env, self.args = agent, make_env, args
         self.train_rows = list(train_rows)
         self.reward_funcs = list(reward_funcs)
@@ -88,9 +96,50 @@ class Sampler:
 
     def play(self, step: int, policy_version: int) -> Rollouts:
         """Play and score step `step`'s episodes (this process's share) with the engine's
-        current weights (those of update `policy_version`)."""
+        current weights (those of update `policy_version`); with `dynamic_sampling`, groups
+        without signal are replaced by groups of extra rounds
+        (`toolgym.algorithms.dynamic_sampling`)."""
         started = time.perf_counter()
-        rows, seeds = self.step_rows(step)
+        trajectories, sources, logged, finished = self._play(*self.step_rows(step), step)
+        figures: dict[str, float] = {}
+        if self.args.dynamic_sampling:
+            group = self.args.num_generations
+
+            def play_round(round_: int) -> Played:
+                rows, seeds = extra_rows(
+                    self.train_rows, self.args.prompts_per_step, self.args.seed, step, round_
+                )
+                played = self._play(
+                    [r for r in rows for _ in range(group)],
+                    [s for s in seeds for _ in range(group)],
+                    step,
+                )
+                return split(played[0], played[1], group, played[2])
+
+            trajectories, sources, logged, figures = fill_with_signal(
+                split(trajectories, sources, group, logged),
+                play_round,
+                self.args.prompts_per_step,
+                self.args.dynamic_sampling_rounds,
+                self.args.mask_truncated,
+            )
+            finished = time.perf_counter()
+        return Rollouts(
+            trajectories,
+            sources,
+            self.share(len(trajectories)),
+            policy_version,
+            started,
+            finished - started,
+            logged,
+            figures,
+        )
+
+    def _play(
+        self, rows: list[Row], seeds: list[int], step: int
+    ) -> tuple[list[Trajectory], dict[str, list[float]], dict[str, list[float]], float]:
+        """Play and score this process's share of `rows`: the trajectories, the per-source
+        rewards, the values reward functions logged, and when the rollouts ended."""
         share = self.share(len(rows))
         mine = [dict(rows[i]) for i in share]  # a mixture writes each one's `env` in it
         envs: list[Any] = []
@@ -103,14 +152,12 @@ class Sampler:
                 trajectories = self.agent.run(
                     envs, mine, [seeds[i] for i in share], rollout_fn=self.rollout_fn
                 )
-            seconds = time.perf_counter() - started
+            finished = time.perf_counter()
             logs = RewardLogs()
             sources = self._score(trajectories, mine, envs, self.trainer_state(step), logs)
         finally:
             close_all(envs)
-        return Rollouts(
-            trajectories, sources, share, policy_version, started, seconds, logs.metrics
-        )
+        return trajectories, sources, logs.metrics, finished
 
     def trainer_state(self, step: int) -> Any:
         """A `transformers.TrainerState` for reward functions that read TRL's `trainer_state`:

@@ -114,15 +114,15 @@ def test_the_sampler_replaces_signal_less_groups_with_fresh_ones():
         assert rollouts.sources["member_parity_if_varies"] == [
             t.reward for t in rollouts.trajectories
         ]
-        assert rollouts.dynamic["dynamic_groups_kept_without_signal"] == 0
-        assert rollouts.dynamic["dynamic_rounds"] <= 1
+        assert rollouts.figures["dynamic_groups_kept_without_signal"] == 0
+        assert rollouts.figures["dynamic_rounds"] <= 1
 
 
 def test_when_no_round_finds_signal_the_step_keeps_its_own_groups():
     sampler = _sampler([False] * 4, dynamic_sampling_rounds=3)
     rows, _ = sampler.step_rows(0)
     rollouts = sampler.play(0, policy_version=0)
-    assert rollouts.dynamic == {
+    assert rollouts.figures == {
         "dynamic_rounds": 3.0,
         "dynamic_groups_played": 8.0,
         "dynamic_groups_kept_without_signal": 2.0,

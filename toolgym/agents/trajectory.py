@@ -249,6 +249,7 @@ def load_jsonl(path: str | Path) -> list[Trajectory]:
 def outcome(trajectory: Trajectory) -> dict[str, Any]:
     """What `summarize` needs of one episode (small: trainers gather these across processes)."""
     metrics = trajectory.metrics
+    row = trajectory.row if isinstance(trajectory.row, dict) else {}
     return {
         "reward": trajectory.reward,
         "status": trajectory.status,
@@ -256,7 +257,8 @@ def outcome(trajectory: Trajectory) -> dict[str, Any]:
         "tool_calls": metrics["tool_calls"],
         "tool_failures": metrics["tool_failures"],
         "env_metrics": trajectory.env_metrics,
-        "env_name": trajectory.row.get("env") if isinstance(trajectory.row, dict) else None,
+        "env_name": row.get("env"),
+        "difficulty": row.get("difficulty"),
     }
 
 
@@ -265,8 +267,9 @@ def summarize(
 ) -> dict[str, Any]:
     """Figures of finished episodes (trajectories, or their `outcome`s): their count, mean
     reward, success rate (reward at least `success_threshold`), mean turns, tool calls, failed
-    and valid tool calls per episode, how many ended with each status, and under `env` the
-    mean of each of the environment's episode metrics (over the episodes that report it)."""
+    and valid tool calls per episode, how many ended with each status, under `env` the
+    mean of each of the environment's episode metrics (over the episodes that report it), and
+    per environment and per declared `difficulty` their reward and success rate."""
     rows = [outcome(e) if isinstance(e, Trajectory) else e for e in episodes]
     if not rows:
         raise ValueError("no episodes to summarize")
@@ -284,7 +287,24 @@ def summarize(
         "statuses": dict(Counter(row["status"] for row in rows)),
         "env": mean_env_metrics(row.get("env_metrics") or {} for row in rows),
         **_per_environment(rows, success_threshold),
+        **_per_difficulty(rows, success_threshold),
     }
+
+
+def _per_difficulty(rows: list[dict[str, Any]], success_threshold: float) -> dict[str, float]:
+    """`difficulty/<value>/reward`, `.../success_rate` and `.../episodes` for each difficulty
+    the episodes' rows declare (a curriculum's levels, `toolgym.algorithms.curriculum`)."""
+    by_level: dict[float, list[float]] = {}
+    for row in rows:
+        if isinstance(row.get("difficulty"), int | float):
+            by_level.setdefault(float(row["difficulty"]), []).append(row["reward"] or 0.0)
+    figures: dict[str, float] = {}
+    for level, rewards in sorted(by_level.items()):
+        name = f"difficulty/{level:g}"
+        figures[f"{name}/reward"] = statistics.fmean(rewards)
+        figures[f"{name}/success_rate"] = statistics.fmean(r >= success_threshold for r in rewards)
+        figures[f"{name}/episodes"] = len(rewards)
+    return figures
 
 
 def _per_environment(rows: list[dict[str, Any]], success_threshold: float) -> dict[str, float]:

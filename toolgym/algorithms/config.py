@@ -178,6 +178,19 @@ class GRPOConfig:
     # -- the objective -------------------------------------------------------------------------
     advantage: Literal["grpo", "rloo"] = "grpo"
     """Group baseline: mean of the group (GRPO) or mean of the others (RLOO)."""
+    curriculum: bool = False
+    """Train by difficulty levels (`toolgym.algorithms.curriculum`): every row needs a
+    `difficulty` column (lower is easier); each step draws rows of one level, starting at the
+    easiest, and the level moves up when the mean success rate of its last
+    `curriculum_window` steps reaches `curriculum_promote_at`, down at or below
+    `curriculum_demote_at`. Logged per step as `curriculum_level` (the difficulty value) and
+    `curriculum_moves`; a checkpoint keeps the state."""
+    curriculum_window: int = 3
+    """Steps at a level whose success rates decide a move."""
+    curriculum_promote_at: float = 0.6
+    """Mean success rate that opens the next level."""
+    curriculum_demote_at: float = 0.1
+    """Mean success rate at or below which the previous level returns."""
     dynamic_sampling: bool = False
     """DAPO's dynamic sampling: groups whose rewards are all equal (no advantage) are replaced
     by groups of fresh rows, played in extra rounds of `prompts_per_step` rows, until the step

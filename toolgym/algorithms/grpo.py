@@ -28,6 +28,7 @@ from toolgym.agents.images import VisionInputs
 from toolgym.agents.trajectory import outcome, save_jsonl, summarize
 from toolgym.algorithms.advantages import group_advantages, trainable
 from toolgym.algorithms.config import GRPOConfig, SFTConfig, check_trackers
+from toolgym.algorithms.curriculum import load_curriculum, save_curriculum
 from toolgym.algorithms.engine_choice import (
     check_pipelining,
     make_engine,
@@ -140,6 +141,7 @@ class GRPOTrainer:
         every step. Writes the reward plot, `stages.json` and a final checkpoint."""
         if resume_from_checkpoint is not None:
             self.step = self.learner.load(resume_from_checkpoint)
+            load_curriculum(self.sampler.curriculum, resume_from_checkpoint)
         unsynced = not self._synced and shares_servers(self.engine)  # servers of other weights
         if resume_from_checkpoint is not None or unsynced:
             self._sync_engine()
@@ -250,7 +252,10 @@ class GRPOTrainer:
         logged = self.learner.gather([rollouts.reward_metrics])  # TRL's log_metric values
         metrics = step_metrics(everyone, outcomes, sources, used, self.args, logged)
         self._signal.check(self.step, metrics, self.accelerator.is_main_process)
-        metrics.update(loss_stats | self._sync_figures | rollouts.dynamic)
+        metrics.update(loss_stats | self._sync_figures | rollouts.figures)
+        if (curriculum := self.sampler.curriculum) is not None:  # every process sees the same
+            curriculum.observe(metrics["success_rate"])
+            metrics["curriculum_moves"] = curriculum.moves
         metrics.update(
             rollout_seconds=rollouts.seconds,
             update_seconds=time.perf_counter() - update_started,
@@ -345,7 +350,10 @@ class GRPOTrainer:
         """A checkpoint: the main process writes the model, optimizer and schedule; every
         process writes its own random states (each samples with its own seed)."""
         with self.stages.stage("checkpoint"):
-            return self.learner.save(folder, self.tokenizer, self.step)
+            saved = self.learner.save(folder, self.tokenizer, self.step)
+        if saved is not None:  # the main process's
+            save_curriculum(self.sampler.curriculum, saved)
+        return saved
 
     def _path(self, name: str) -> Path:
         self.output_dir.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,7 @@ from toolgym.agents.engines.base import SamplingParams
 from toolgym.agents.rollout import Agent
 from toolgym.agents.trajectory import Trajectory
 from toolgym.algorithms.config import GRPOConfig
+from toolgym.algorithms.curriculum import Curriculum
 from toolgym.algorithms.dynamic_sampling import Played, extra_rows, fill_with_signal, split
 from toolgym.algorithms.rewards import (
     RewardFunc,
@@ -50,8 +51,9 @@ class Rollouts:
     seconds: float
     reward_metrics: dict[str, list[float]] = field(default_factory=dict)
     """Values reward functions logged with TRL's `log_metric(name, value)`, by name."""
-    dynamic: dict[str, float] = field(default_factory=dict)
-    """Dynamic sampling's figures for the step's metrics (empty when it is off)."""
+    figures: dict[str, float] = field(default_factory=dict)
+    """The sampler's figures for the step's metrics: the curriculum's level, dynamic
+    sampling's rounds and groups (none when both are off)."""
 
 
 class Sampler:
@@ -93,6 +95,18 @@ class Sampler:
         self.process_index, self.num_processes = process
         self.stages = stages or StageClock()
         self._order: tuple[int, list[int]] = (-1, [])
+        self.curriculum = (
+            Curriculum(
+                self.train_rows,
+                args.curriculum_window,
+                args.curriculum_promote_at,
+                args.curriculum_demote_at,
+                args.seed,
+            )
+            if args.curriculum
+            else None
+        )
+        """The difficulty curriculum, where `args.curriculum` asks for one."""
 
     def play(self, step: int, policy_version: int) -> Rollouts:
         """Play and score step `step`'s episodes (this process's share) with the engine's
@@ -100,8 +114,10 @@ class Sampler:
         without signal are replaced by groups of extra rounds
         (`toolgym.algorithms.dynamic_sampling`)."""
         started = time.perf_counter()
-        trajectories, sources, logged, finished = self._play(*self.step_rows(step), step)
         figures: dict[str, float] = {}
+        if self.curriculum is not None:  # the level these rows are drawn at
+            figures["curriculum_level"] = self.curriculum.difficulty
+        trajectories, sources, logged, finished = self._play(*self.step_rows(step), step)
         if self.args.dynamic_sampling:
             group = self.args.num_generations
 
@@ -116,13 +132,14 @@ class Sampler:
                 )
                 return split(played[0], played[1], group, played[2])
 
-            trajectories, sources, logged, figures = fill_with_signal(
+            trajectories, sources, logged, dynamic = fill_with_signal(
                 split(trajectories, sources, group, logged),
                 play_round,
                 self.args.prompts_per_step,
                 self.args.dynamic_sampling_rounds,
                 self.args.mask_truncated,
             )
+            figures.update(dynamic)
             finished = time.perf_counter()
         return Rollouts(
             trajectories,
@@ -207,17 +224,22 @@ class Sampler:
         )
 
     def step_rows(self, step: int) -> tuple[list[Row], list[int]]:
-        """Step `step`'s rows, each repeated `num_generations` times, and one seed per group."""
+        """Step `step`'s rows, each repeated `num_generations` times, and one seed per group
+        (with a curriculum, the current level's next rows: drawing advances it)."""
         count, group = self.args.prompts_per_step, self.args.num_generations
-        rows, seeds = [], []
-        for slot in range(count):
-            index = step * count + slot
-            epoch, position = divmod(index, len(self.train_rows))
-            order = self._epoch_order(epoch)
-            seed = (self.args.seed * 1_000_003 + index) % 2**31
-            for _ in range(group):
-                rows.append(dict(self.train_rows[order[position]]))
-                seeds.append(seed)
+        if self.curriculum is not None:
+            drawn = self.curriculum.draw(count)
+        else:
+            drawn = []
+            for slot in range(count):
+                epoch, position = divmod(step * count + slot, len(self.train_rows))
+                drawn.append(dict(self.train_rows[self._epoch_order(epoch)[position]]))
+        rows: list[Row] = []
+        seeds: list[int] = []
+        for slot, row in enumerate(drawn):
+            seed = (self.args.seed * 1_000_003 + step * count + slot) % 2**31
+            rows.extend(dict(row) for _ in range(group))
+            seeds.extend([seed] * group)
         return rows, seeds
 
     def share(self, total: int) -> list[int]:

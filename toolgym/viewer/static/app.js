@@ -183,6 +183,7 @@ const GROUPS = [
   ["Reward & success", (k) => ["reward", "success_rate", "reward_std"].includes(k) || k.startsWith("rewards/")],
   ["Environment skills", (k) => k.startsWith("env/")],
   ["Environments", (k) => k.startsWith("envs/")],
+  ["Curriculum", (k) => k.startsWith("curriculum_") || k.startsWith("difficulty/")],
   ["Evaluation", (k) => k.startsWith("eval/")],
   ["Statuses", (k) => k.endsWith("statuses")],
   ["Episodes", (k) => ["turns", "tool_calls", "tool_failures", "valid_tool_calls", "excluded", "groups_without_signal"].includes(k)],

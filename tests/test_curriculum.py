@@ -148,3 +148,21 @@ def test_the_trainer_logs_the_level_and_its_checkpoint_keeps_the_state(tmp_path)
     assert history[-1]["curriculum_moves"] == 2
     saved = json.loads((tmp_path / "checkpoint-2" / "curriculum.json").read_text())
     assert saved == trainer.sampler.curriculum.state_dict() and saved["level"] == 2
+
+
+def test_dynamic_sampling_draws_its_fresh_rows_from_the_level_being_trained():
+    tokenizer = tiny_tokenizer()
+    agent = Agent(ScriptedEngine([[*tokenizer.encode("hi"), tokenizer.eos_token_id]]), tokenizer)
+    args = GRPOConfig(
+        prompts_per_step=2,
+        num_generations=2,
+        env_reward=False,
+        curriculum=True,
+        dynamic_sampling=True,
+        dynamic_sampling_rounds=2,
+    )
+    sampler = Sampler(agent, Quiet, _rows(), args, [wins_up_to_skill])  # no signal anywhere
+    rollouts = sampler.play(0, policy_version=0)
+    assert rollouts.figures["dynamic_rounds"] == 2
+    assert sampler.curriculum.drawn == {0: 6}  # the step's two rows and two per round
+    assert {t.row["difficulty"] for t in rollouts.trajectories} == {1}

@@ -125,6 +125,8 @@ class Sampler:
                 rows, seeds = extra_rows(
                     self.train_rows, self.args.prompts_per_step, self.args.seed, step, round_
                 )
+                if self.curriculum is not None:  # fresh rows of the level being trained
+                    rows = self.curriculum.draw(len(rows))
                 played = self._play(
                     [r for r in rows for _ in range(group)],
                     [s for s in seeds for _ in range(group)],

@@ -24,11 +24,11 @@ import json
 import resource
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import torch
+from run_folder import run_folder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
@@ -62,7 +62,7 @@ def measure(args) -> dict:
 
     model = build_model("smollm2-135m", torch.float32, "cpu")
     config = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="toolgym-bench-"),
+        output_dir=run_folder("toolgym-bench-"),
         micro_batch_size=args.micro_batch,
         share_prefix=args.share,
         gradient_checkpointing=True,

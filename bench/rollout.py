@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
+from run_folder import run_folder
 
 import toolgym
 from toolgym.agents import Agent, AgentLimits, GenerationRequest, HFEngine, SamplingParams
@@ -318,7 +319,7 @@ def synthetic_model():
     model = tiny_model(tokenizer, seed=3, hidden_size=128)
     with torch.no_grad():  # special tokens score 0: greedy never ends a turn before its length
         model.get_output_embeddings().weight[tokenizer.all_special_ids] = 0.0
-    folder = tempfile.mkdtemp(prefix="toolgym-bench-")
+    folder = run_folder("toolgym-bench-")
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return tokenizer, model, folder
@@ -502,7 +503,7 @@ def main() -> None:
     tokenizer = tiny_tokenizer()
     tokenizer.chat_template = qwen2_5_template()
     model = train_tool_caller(tokenizer, hidden_size=128)
-    folder = tempfile.mkdtemp(prefix="toolgym-bench-")
+    folder = run_folder("toolgym-bench-")
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     ratios = {}

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import torch
+from run_folder import run_folder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -48,7 +49,7 @@ def measure(args) -> dict:
     accelerator = Accelerator(cpu=True)
     model = build_model("smollm2-135m", torch.float32, "cpu")
     config = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="toolgym-bench-"),
+        output_dir=run_folder("toolgym-bench-"),
         engine="vllm-server",  # no replica under FSDP2; the Learner starts no engine
         micro_batch_size=2,
         gradient_checkpointing=True,

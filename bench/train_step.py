@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 import torch
+from run_folder import run_folder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -148,7 +149,7 @@ def toolgym_step(model, data, args) -> callable:
     from toolgym.testing import tiny_tokenizer
 
     config = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="toolgym-bench-"),
+        output_dir=run_folder("toolgym-bench-"),
         micro_batch_size=len(data["advantages"]),
         limits={
             "max_episode_tokens": sum(data[k].shape[1] for k in ("prompt_ids", "completion_ids"))
@@ -187,7 +188,7 @@ def trl_step(model, data, args) -> callable:
     trl = import_trl()
     batch, completion = data["completion_ids"].shape
     config = trl.GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="toolgym-bench-trl-"),
+        output_dir=run_folder("toolgym-bench-trl-"),
         use_cpu=args.device == "cpu",
         bf16=False,  # the model's own dtype, as in the toolgym arm (no autocast)
         # TRL checks that a group has 2 or more; the batch handed to compute_loss is `batch`

@@ -12,11 +12,12 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from run_folder import run_folder
 
 TRL_VERSION = "1.16.0"
 SITE = Path(__file__).resolve().parent.parent / ".bench" / "site"
@@ -116,7 +117,7 @@ def trl_rollout(
     else:
         engine_settings = {"generation_kwargs": {"do_sample": False}}
     config = trl.GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="toolgym-bench-trl-"),
+        output_dir=run_folder("toolgym-bench-trl-"),
         use_cpu=True,
         bf16=False,  # the toolgym arm generates in float32 too
         per_device_train_batch_size=len(rows),

@@ -349,10 +349,14 @@ class GRPOConfig:
         if self.sandbox_resources is not None and self.sandbox != "ray":
             raise ValueError('sandbox_resources only apply with sandbox="ray"')
 
-    def correction_settings(self) -> dict[str, Any]:
-        """The off-policy corrections as `policy_loss`'s keywords."""
+    def loss_keywords(self) -> dict[str, Any]:
+        """The loss's settings as `policy_loss`'s keywords (`LossSettings` fields)."""
         on = self.importance_sampling
         return dict(
+            loss_type=self.loss_type,
+            clip_low=self.epsilon,
+            clip_high=self.clip_high,
+            beta=self.beta,
             importance_cap=self.importance_sampling_cap if on else None,
             importance_floor=self.importance_sampling_min if on else None,
             importance_mode=self.importance_sampling_mode,
@@ -366,14 +370,7 @@ class GRPOConfig:
         """The loss's settings (checked: unknown names are refused)."""
         from toolgym.algorithms.losses import LossSettings
 
-        return LossSettings(
-            loss_type=self.loss_type,
-            clip_low=self.epsilon,
-            clip_high=self.clip_high,
-            beta=self.beta,
-            temperature=self.temperature,
-            **self.correction_settings(),
-        )
+        return LossSettings(**self.loss_keywords(), temperature=self.temperature)
 
     @property
     def engine_log_path(self) -> str:

@@ -208,24 +208,14 @@ def fused_policy_loss(
     mask: torch.Tensor,
     normalizer: StepNormalizer,
     *,
-    loss_type: str = "dapo",
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    beta: float = 0.0,
     ref_logprobs: torch.Tensor | None = None,
     sampling_logprobs: torch.Tensor | None = None,
-    importance_cap: float | None = None,
-    importance_floor: float | None = None,
-    importance_mode: str = "token_truncate",
-    ratio_level: str = "token",
-    off_policy_threshold: float | None = None,
-    cispo_cap: float = 5.0,
-    kl_bias_correction: bool = False,
     episode_tokens: torch.Tensor | None = None,
     chunk_size: int = 1024,
     temperature: float = 1.0,
     compiled: bool = False,
     share_prefix: bool = False,
+    **fields: Any,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """`policy_loss(token_logprobs(model, ...), ...)`, fused per chunk (see the module).
 
@@ -233,36 +223,31 @@ def fused_policy_loss(
         model: A transformers causal LM (possibly wrapped by accelerate or peft).
         input_ids, attention_mask: (B, L), right-padded.
         old_logprobs: (B, L-1) before the update; None: this pass's own, detached (one pass).
-        advantages, mask, normalizer and the keywords up to `episode_tokens`: as for
+        advantages, mask, normalizer, ref_logprobs, sampling_logprobs, episode_tokens: as for
             `policy_loss` (`mask` and the per-token tensors cover positions 1..L-1).
         chunk_size, temperature, compiled, share_prefix: as for `token_logprobs`.
+        fields: `LossSettings` fields, as for `policy_loss`; those that need whole rows
+            (`LossSettings.whole_sequences`) are refused.
 
     Returns the loss and `policy_loss`'s statistics. A model whose logits the head applied by
     chunks does not reproduce (`chunked_logprobs_match`) gets the full-logits path instead.
     """
-    if beta > 0 and ref_logprobs is None:
+    settings = LossSettings(**fields, temperature=temperature)
+    if settings.beta > 0 and ref_logprobs is None:
         raise ValueError("beta > 0 needs the reference model's logprobs")
-    settings = LossSettings(
-        loss_type, clip_low, clip_high, beta, importance_cap, importance_floor,
-        importance_mode, ratio_level, off_policy_threshold, cispo_cap, kl_bias_correction,
-        temperature,
-    )  # fmt: skip
     resolve_loss_impl("fused", settings.whole_sequences)  # refuses what needs whole rows
     if not chunked_logprobs_match(model, input_ids):
         logprobs = full_logprobs(model, input_ids, attention_mask, temperature)
         old = logprobs.detach() if old_logprobs is None else old_logprobs
         return policy_loss(
-            logprobs, old, advantages, mask, normalizer, loss_type=loss_type,
-            clip_low=clip_low, clip_high=clip_high, beta=beta, ref_logprobs=ref_logprobs,
-            sampling_logprobs=sampling_logprobs, importance_cap=importance_cap,
-            importance_floor=importance_floor, importance_mode=importance_mode,
-            cispo_cap=cispo_cap, kl_bias_correction=kl_bias_correction,
-            episode_tokens=episode_tokens,
+            logprobs, old, advantages, mask, normalizer, ref_logprobs=ref_logprobs,
+            sampling_logprobs=sampling_logprobs, episode_tokens=episode_tokens, **fields,
         )  # fmt: skip
     sampling = sampling_logprobs if settings.corrects else None
     advantage = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
     per_token: dict[str, torch.Tensor | None] = dict(advantage=advantage.expand_as(mask))
-    per_token |= dict(old=old_logprobs, ref=ref_logprobs if beta > 0 else None, sampling=sampling)
+    per_token |= dict(old=old_logprobs, ref=ref_logprobs if settings.beta > 0 else None)
+    per_token["sampling"] = sampling
     logprobs, loss = _fused(
         model, input_ids, attention_mask, mask, normalizer, episode_tokens, per_token,
         replace(settings, transform=LogitTransform.of(model)), chunk_size, compiled, share_prefix,

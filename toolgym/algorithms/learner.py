@@ -285,20 +285,13 @@ class Learner:
         if self.ref_model is not None:
             with torch.no_grad():
                 ref = self._logprobs(self.ref_model, batch)
-        settings = (
-            dict(
-                advantages=batch.token_advantages[:, 1:],
-                mask=mask,
-                normalizer=normalizer,
-                loss_type=args.loss_type,
-                clip_low=args.epsilon,
-                clip_high=args.clip_high,
-                beta=args.beta,
-                ref_logprobs=ref,
-                sampling_logprobs=sampling_logprobs,
-                episode_tokens=batch.episode_tokens,
-            )
-            | args.correction_settings()
+        settings = args.loss_keywords() | dict(
+            advantages=batch.token_advantages[:, 1:],
+            mask=mask,
+            normalizer=normalizer,
+            ref_logprobs=ref,
+            sampling_logprobs=sampling_logprobs,
+            episode_tokens=batch.episode_tokens,
         )
         autocast = torch.autocast(batch.input_ids.device.type, torch.bfloat16, enabled=args.bf16)
         with autocast, images_bound(self.model, self.vision, batch.input_ids, batch.images):

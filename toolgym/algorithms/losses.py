@@ -357,15 +357,25 @@ class LossSettings:
     meaning)."""
 
     loss_type: str = "dapo"
+    """"grpo", "dr_grpo", "dapo", "bnpo" (the clipped objective, aggregated as named) or
+    "cispo" (`-sg(min(ratio, cispo_cap)) * A * logp`, aggregated as "dapo")."""
     clip_low: float = 0.2
+    """The ratio's clip range is [1 - clip_low, 1 + clip_high]."""
     clip_high: float = 0.2
     beta: float = 0.0
+    """KL coefficient (needs the reference model's logprobs)."""
     importance_cap: float | None = None
-    """C_max of the engine/trainer importance weight (None: no upper bound)."""
+    """C_max of the engine/trainer importance weight `exp(logp_old - logp_engine)` (None: no
+    upper bound)."""
     importance_floor: float | None = None
     """C_min (None: no lower bound). With neither bound there is no correction."""
     importance_mode: str = "token_truncate"
+    """"token_truncate" (each token's weight clamped to the bounds), "token_mask" (0 outside
+    them), "sequence_truncate" / "sequence_mask" (the same for one weight per row, from the
+    sum of the row's log-differences)."""
     ratio_level: str = "token"
+    """"token", or "sequence" (GSPO: one ratio per row, `exp` of the mean of the row's
+    log-ratios, clipped and broadcast to its tokens)."""
     off_policy_threshold: float | None = None
     """DeepSeek-V3.2's off-policy sequence mask (OPSM): drop a negative-advantage sequence whose
     mean per-token KL from the sampler exceeds this (None: off)."""
@@ -415,20 +425,10 @@ def policy_loss(
     mask: torch.Tensor,
     normalizer: StepNormalizer,
     *,
-    loss_type: str = "dapo",
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
-    beta: float = 0.0,
     ref_logprobs: torch.Tensor | None = None,
     sampling_logprobs: torch.Tensor | None = None,
-    importance_cap: float | None = None,
-    importance_floor: float | None = None,
-    importance_mode: str = "token_truncate",
-    ratio_level: str = "token",
-    off_policy_threshold: float | None = None,
-    cispo_cap: float = 5.0,
-    kl_bias_correction: bool = False,
     episode_tokens: torch.Tensor | None = None,
+    **settings: Any,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """This micro-batch's share of the step loss, and statistics for the logs.
 
@@ -438,37 +438,22 @@ def policy_loss(
         advantages: (B,) one per trajectory, or (B, T) one per token.
         mask: (B, T) 1.0 on sampled tokens that enter the loss.
         normalizer: Counts over the whole step.
-        loss_type: "grpo", "dr_grpo", "dapo", "bnpo" (the clipped objective, aggregated as
-            named) or "cispo" (`-sg(min(ratio, cispo_cap)) * A * logp`, aggregated as "dapo").
-        clip_low, clip_high: Clip range of the ratio.
-        beta: KL coefficient (needs `ref_logprobs`).
-        ref_logprobs: (B, T) the reference model's logprobs.
-        sampling_logprobs: (B, T) the engine's logprobs, for importance sampling, OPSM and
-            the mismatch figures.
-        importance_cap, importance_floor: Bounds of the importance weight `exp(logp_old -
-            logp_engine)` (neither: no correction).
-        importance_mode: "token_truncate" (clamp each token's weight to the bounds),
-            "token_mask" (0 outside them), "sequence_truncate" / "sequence_mask" (the same for
-            one weight per row, from the sum of the row's log-differences).
-        ratio_level: "token", or "sequence" (GSPO: one ratio per row, `exp` of the mean of the
-            row's log-ratios, clipped and broadcast to its tokens).
-        off_policy_threshold: OPSM's delta (None: off).
-        cispo_cap: CISPO's cap of the ratio.
-        kl_bias_correction: Multiply the KL term by the ratio (TRL's `use_bias_correction_kl`).
+        ref_logprobs: (B, T) the reference model's logprobs (for `beta` > 0).
+        sampling_logprobs: (B, T) the engine's logprobs: the importance weight, OPSM and the
+            mismatch figures.
         episode_tokens: (B,) sampled tokens of each row's whole episode, for `grpo` (rows that
             are one turn of an episode are averaged over the episode); default: the row's own.
+        settings: `LossSettings` fields (`loss_type`, `clip_low`, `clip_high`, `beta`, the
+            importance weight's bounds and mode, `ratio_level`, OPSM, CISPO, KL correction).
     """
-    if beta > 0 and ref_logprobs is None:
+    config = LossSettings(**settings)
+    if config.beta > 0 and ref_logprobs is None:
         raise ValueError("beta > 0 needs the reference model's logprobs")
-    settings = LossSettings(
-        loss_type, clip_low, clip_high, beta, importance_cap, importance_floor,
-        importance_mode, ratio_level, off_policy_threshold, cispo_cap, kl_bias_correction,
-    )  # fmt: skip
     advantage = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
     terms = loss_terms(
-        logprobs, old_logprobs, advantage, settings, ref_logprobs, sampling_logprobs, mask
+        logprobs, old_logprobs, advantage, config, ref_logprobs, sampling_logprobs, mask
     )
-    loss = aggregate(terms.loss * mask, mask, normalizer, loss_type, episode_tokens)
+    loss = aggregate(terms.loss * mask, mask, normalizer, config.loss_type, episode_tokens)
     return loss, terms.stats(mask) | mismatch_stats(old_logprobs, sampling_logprobs, mask)
 
 

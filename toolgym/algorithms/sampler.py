@@ -146,7 +146,7 @@ class Sampler:
         return Rollouts(
             trajectories,
             sources,
-            self.share(len(trajectories)),
+            self.share(self.args.prompts_per_step * self.args.num_generations),
             policy_version,
             started,
             finished - started,

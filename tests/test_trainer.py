@@ -501,7 +501,7 @@ def test_turn_credit_and_dynamic_sampling_reach_the_update(tokenizer, tmp_path, 
 
     def spy(self, trajectories, advantages, used, everywhere, turn_credit=None):
         seen.append((trajectories, turn_credit))
-        return real(self, trajectories, advantages, used, everywhere, turn_credit)
+        return real(self, trajectories, advantages, used, everywhere, turn_credit=turn_credit)
 
     monkeypatch.setattr(learner.Learner, "update", spy)
     torch.manual_seed(0)

@@ -48,14 +48,14 @@ class RecordingTrainer(GRPOTrainer):
         super().__init__(*args, **kwargs)
         update = self.learner.update
 
-        def recording_update(trajectories, advantages, used, used_everywhere):
+        def recording_update(trajectories, advantages, used, used_everywhere, turn_credit=None):
             self.seen = {
                 "rewards": [t.reward for t in trajectories],
                 "completion_rewards": completion_reward(None, None, trajectories),
                 "advantages": advantages.tolist(),
                 "used_everywhere": used_everywhere,
             }
-            return update(trajectories, advantages, used, used_everywhere)
+            return update(trajectories, advantages, used, used_everywhere, turn_credit)
 
         self.learner.update = recording_update
 

@@ -242,7 +242,7 @@ class GRPOTrainer:
         update_started = time.perf_counter()
         with self.stages.stage("update"):
             loss_stats = self.learner.update(
-                trajectories, advantages[share], used[share], int(used.sum()), credit
+                trajectories, advantages[share], used[share], int(used.sum()), turn_credit=credit
             )
         self.step += 1
         with self.stages.stage("weight sync"):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import random
 import statistics
+import threading
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -59,6 +60,8 @@ class Curriculum:
             )
         if self.window < 1:
             raise ValueError("curriculum_window must be at least 1")
+        # pipelined steps draw in the rollout thread while the learner observes
+        self._lock = threading.RLock()
         self.levels = sorted({float(row["difficulty"]) for row in self.rows})
         self._by_level = [
             [i for i, row in enumerate(self.rows) if float(row["difficulty"]) == level]
@@ -72,6 +75,10 @@ class Curriculum:
 
     def draw(self, count: int) -> list[Row]:
         """The next `count` rows of the current level (its seeded shuffles, one after another)."""
+        with self._lock:
+            return self._draw(count)
+
+    def _draw(self, count: int) -> list[Row]:
         indices = self._by_level[self.level]
         start = self.drawn.get(self.level, 0)
         picked = []
@@ -85,6 +92,10 @@ class Curriculum:
 
     def observe(self, success_rate: float) -> None:
         """Add a step's success rate at the current level; promote or demote by the window."""
+        with self._lock:
+            self._observe(success_rate)
+
+    def _observe(self, success_rate: float) -> None:
         self.recent = [*self.recent, success_rate][-self.window :]
         if len(self.recent) < self.window:
             return

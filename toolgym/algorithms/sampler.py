@@ -115,9 +115,10 @@ class Sampler:
         (`toolgym.algorithms.dynamic_sampling`)."""
         started = time.perf_counter()
         figures: dict[str, float] = {}
-        if self.curriculum is not None:  # the level these rows are drawn at
-            figures["curriculum_level"] = self.curriculum.difficulty
-        trajectories, sources, logged, finished = self._play(*self.step_rows(step), step)
+        rows, seeds = self.step_rows(step)
+        if self.curriculum is not None:  # the level these rows were drawn at
+            figures["curriculum_level"] = float(rows[0]["difficulty"])
+        trajectories, sources, logged, finished = self._play(rows, seeds, step)
         if self.args.dynamic_sampling:
             group = self.args.num_generations
 

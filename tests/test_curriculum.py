@@ -79,17 +79,18 @@ def test_the_state_round_trips_and_bad_settings_are_refused(tmp_path):
         Curriculum(_rows(), promote_at=0.1, demote_at=0.5)
 
 
-def test_the_sampler_trains_the_level_the_success_rate_chooses():
+def _sampler(**settings) -> Sampler:
+    """A sampler of scripted episodes over `_rows()` with a curriculum and `settings`."""
     tokenizer = tiny_tokenizer()
     agent = Agent(ScriptedEngine([[*tokenizer.encode("hi"), tokenizer.eos_token_id]]), tokenizer)
     args = GRPOConfig(
-        prompts_per_step=2,
-        num_generations=2,
-        env_reward=False,
-        curriculum=True,
-        curriculum_window=1,
+        prompts_per_step=2, num_generations=2, env_reward=False, curriculum=True, **settings
     )
-    sampler = Sampler(agent, Quiet, _rows(), args, [wins_up_to_skill])
+    return Sampler(agent, Quiet, _rows(), args, [wins_up_to_skill])
+
+
+def test_the_sampler_trains_the_level_the_success_rate_chooses():
+    sampler = _sampler(curriculum_window=1)
     levels = []
     for step in range(6):
         rollouts = sampler.play(step, policy_version=0)
@@ -151,17 +152,7 @@ def test_the_trainer_logs_the_level_and_its_checkpoint_keeps_the_state(tmp_path)
 
 
 def test_dynamic_sampling_draws_its_fresh_rows_from_the_level_being_trained():
-    tokenizer = tiny_tokenizer()
-    agent = Agent(ScriptedEngine([[*tokenizer.encode("hi"), tokenizer.eos_token_id]]), tokenizer)
-    args = GRPOConfig(
-        prompts_per_step=2,
-        num_generations=2,
-        env_reward=False,
-        curriculum=True,
-        dynamic_sampling=True,
-        dynamic_sampling_rounds=2,
-    )
-    sampler = Sampler(agent, Quiet, _rows(), args, [wins_up_to_skill])  # no signal anywhere
+    sampler = _sampler(dynamic_sampling=True, dynamic_sampling_rounds=2)  # no signal anywhere
     rollouts = sampler.play(0, policy_version=0)
     assert rollouts.figures["dynamic_rounds"] == 2
     assert sampler.curriculum.drawn == {0: 6}  # the step's two rows and two per round

@@ -25,10 +25,8 @@ Row = dict[str, Any]
 
 
 def has_signal(group: Sequence[Trajectory], mask_truncated: bool = False) -> bool:
-    """Whether a group's update members (at least two) got rewards that differ."""
-    rewards = {t.reward for t in group if trainable(t, mask_truncated)}
-    members = sum(1 for t in group if trainable(t, mask_truncated))
-    return members >= 2 and len(rewards) > 1
+    """Whether a group's update members got rewards that differ (so at least two of them)."""
+    return len({t.reward for t in group if trainable(t, mask_truncated)}) > 1
 
 
 def extra_rows(

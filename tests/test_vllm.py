@@ -97,8 +97,12 @@ def test_pipelined_training_stays_within_its_staleness_bound(tmp_path):
         trainer.engine.close()
     staleness = [m["staleness"] for m in history]
     assert staleness[0] == 0 and max(staleness) == 1, staleness  # the first has nothing before
+    assert all(m["token_staleness_max"] <= 1 for m in history)
     samples = load_jsonl(tmp_path / "samples.jsonl")
     assert len(samples) == 16 and all(t.metrics["staleness"] <= 1 for t in samples)
+    for episode in samples:  # every model token knows the weights that sampled it
+        sample = episode.samples[-1]
+        assert all(v >= 0 for v, m in zip(sample.versions, sample.loss_mask, strict=True) if m)
 
 
 def scored(trainer, prompt: list[int], completion) -> list[float]:
@@ -199,6 +203,93 @@ def test_requests_finish_in_their_own_time_and_updates_wait_for_those_in_flight(
         assert after.token_ids != long_reference.token_ids
     finally:
         engine.update_weights(state)
+
+
+def test_an_update_in_continue_mode_resumes_a_running_request_on_the_new_weights(tiny_vllm):
+    """in_flight_updates="continue" (partial rollouts): a weight update stops the request
+    generating where it is and resumes it under the new weights. Its tokens up to the stop
+    are those, and carry the logprobs, of the old weights; the rest are the new weights'
+    greedy continuation of the prompt and those tokens; `versions` says which is which."""
+    import threading
+    import time
+
+    import torch
+
+    engine, tokenizer, model = tiny_vllm
+    prompt = tokenizer.encode("Let's play Wordle.", add_special_tokens=False)
+
+    def request(prefix: list[int], max_tokens: int) -> GenerationRequest:
+        return GenerationRequest(
+            prompt + prefix, SamplingParams(max_tokens=max_tokens, temperature=0)
+        )
+
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    generator = torch.Generator().manual_seed(0)
+    old = {k: v + 0.5 * torch.randn(v.shape, generator=generator) for k, v in state.items()}
+    new = {k: v + 0.1 * torch.randn(v.shape, generator=generator) for k, v in old.items()}
+    try:
+        engine.update_weights(old)  # babbling weights: long greedy outputs
+        reference = engine.generate([request([], 300)])[0]
+        assert len(reference.token_ids) > 50, "the setup needs a long greedy output"
+        engine.in_flight_updates = "continue"
+        version = engine.weights_version
+        running = engine.submit(request([], 300))
+        deadline = time.monotonic() + 60
+        while not any(  # wait until the request has some tokens
+            f.latest is not None and len(f.latest.token_ids) >= 10
+            for f in list(engine._running.values())
+        ):
+            assert time.monotonic() < deadline and not running.done()
+            time.sleep(0.005)
+        update = threading.Thread(target=engine.update_weights, args=(new,))
+        update.start()
+        update.join(timeout=120)
+        result = running.result(timeout=120)
+        stopped_at = result.versions.count(version)
+        assert stopped_at >= 10 and len(result.token_ids) > stopped_at
+        assert result.versions == [version] * stopped_at + [version + 1] * (
+            len(result.token_ids) - stopped_at
+        )
+        before, after = result.token_ids[:stopped_at], result.token_ids[stopped_at:]
+        assert before == reference.token_ids[:stopped_at]
+        assert result.logprobs[:stopped_at] == pytest.approx(
+            reference.logprobs[:stopped_at], abs=1e-4
+        )
+        continued = engine.generate([request(before, 300 - stopped_at)])[0]
+        assert after == continued.token_ids
+        assert result.logprobs[stopped_at:] == pytest.approx(continued.logprobs, abs=1e-4)
+        assert len(result.token_ids) <= 300
+    finally:
+        engine.in_flight_updates = "finish"
+        engine.update_weights(state)
+
+
+def test_joined_segments_are_cut_at_a_stop_string_that_spans_them():
+    """A stop string whose halves fall in two segments of a resumed request (vLLM sees
+    neither half) still ends the completion, after the token that completes it."""
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from toolgym.agents.engines.vllm import _InFlight
+
+    def output(token_ids: list[int]) -> SimpleNamespace:
+        logprobs = [{t: SimpleNamespace(logprob=-float(t))} for t in token_ids]
+        return SimpleNamespace(token_ids=token_ids, logprobs=logprobs, finish_reason="stop")
+
+    text = {1: "a", 2: "<st", 3: "op>", 4: "b", 5: "c"}
+    decode = lambda ids: "".join(text[i] for i in ids)  # noqa: E731
+    request = GenerationRequest([9], SamplingParams(max_tokens=10, stop_strings=["<stop>"]))
+    flight = _InFlight(request, Future(), version=0)
+    flight.latest = output([1, 2])
+    flight.keep_latest()  # stopped by an update after "a<st"
+    assert flight.rest().sampling.max_tokens == 8
+    flight.version = 1
+    flight.finish(output([3, 4, 5]), decode)
+    completion = flight.future.result()
+    assert completion.token_ids == [1, 2, 3]
+    assert completion.logprobs == [-1.0, -2.0, -3.0]
+    assert completion.versions == [0, 0, 1]
+    assert completion.finish_reason == "stop"
 
 
 def _free_port() -> int:

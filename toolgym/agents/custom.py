@@ -188,7 +188,9 @@ class RolloutContext:
         if self._stepped:  # the first generation since the last step opens the model's turn
             self._turn = (len(trajectory.samples) - 1, len(trajectory.completion_ids))
             self._stepped = False
-        trajectory.append(completion.token_ids, sampled=True, logprobs=completion.logprobs)
+        trajectory.append(
+            completion.token_ids, True, completion.logprobs, completion.versions or None
+        )
         self.hit_length = completion.finish_reason == "length"
         last = completion.token_ids[-1] if completion.token_ids else None
         ended = completion.finish_reason == "stop" and last in self.renderer.stop_token_ids

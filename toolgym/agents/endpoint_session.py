@@ -104,7 +104,12 @@ class Session:
         else:
             sample = Sample(list(prompt_ids))
             self.samples.append(sample)
-        sample.append(list(completion.token_ids), True, list(completion.logprobs))
+        sample.append(
+            list(completion.token_ids),
+            True,
+            list(completion.logprobs),
+            list(completion.versions) or None,
+        )
         self.calls += 1
         self.tool_calls += len(reply.get("tool_calls") or [])
         self.tokens += len(completion.token_ids)

@@ -67,12 +67,26 @@ class Sample:
     logprobs: list[float] = field(default_factory=list)
     images: list[str] = field(default_factory=list)
     """The images its ids show, in order (data URLs; `toolgym.agents.images`)."""
+    versions: list[int] = field(default_factory=list)
+    """Per completion token, the engine's `weights_version` that sampled it (-1: an
+    observation token, or an engine that counts no versions); empty where not recorded."""
 
-    def append(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
-        """Append model tokens (`sampled=True`, with their logprobs) or observation tokens."""
+    def append(
+        self,
+        ids: list[int],
+        sampled: bool,
+        logprobs: list[float] | None = None,
+        versions: list[int] | None = None,
+    ) -> None:
+        """Append model tokens (`sampled=True`, with their logprobs and the weights versions
+        that sampled them) or observation tokens."""
+        recorded = len(self.versions) == len(self.completion_ids)
         self.completion_ids.extend(ids)
         self.loss_mask.extend([1 if sampled else 0] * len(ids))
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+        if recorded:
+            known = sampled and versions is not None and len(versions) == len(ids)
+            self.versions.extend(versions if known and versions is not None else [-1] * len(ids))
 
 
 @dataclass
@@ -168,10 +182,16 @@ class Trajectory:
         length = len(last.prompt_ids) + len(last.completion_ids) - len(first.prompt_ids)
         return max(0, length - self.model_tokens)
 
-    def append(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
-        """Append model tokens (`sampled=True`, with their logprobs) or observation tokens to
-        the last sample."""
-        self.samples[-1].append(ids, sampled, logprobs)
+    def append(
+        self,
+        ids: list[int],
+        sampled: bool,
+        logprobs: list[float] | None = None,
+        versions: list[int] | None = None,
+    ) -> None:
+        """Append model tokens (`sampled=True`, with their logprobs and weights versions) or
+        observation tokens to the last sample."""
+        self.samples[-1].append(ids, sampled, logprobs, versions)
 
     def template_messages(self) -> list[dict[str, Any]]:
         """The messages as the chat template should render them to reproduce the tokens.

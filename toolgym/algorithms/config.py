@@ -232,6 +232,16 @@ class GRPOConfig:
     correction uses the engine's logprobs). 0: on-policy, each step's rollouts after the
     previous update. Needs engine="vllm" or "vllm-server"; `staleness` is logged per step
     and per sample."""
+    partial_rollouts: bool = True
+    """With `max_staleness` > 0, generation never drains: a step's episodes start as soon as
+    the staleness bound lets them, while the slowest episodes of the steps before are still
+    playing (up to `max_staleness` + 1 steps in flight), and a weight update stops the
+    requests generating and resumes them on the new weights (`VLLMEngine`'s
+    `in_flight_updates="continue"`), so an episode's tokens may come from several updates.
+    Each token records the weights that sampled it (`Sample.versions`); the importance weight
+    uses each token's own sampling logprob, and `token_staleness` / `mixed_policy_episodes`
+    are logged. False: each step's episodes start once the previous step's have all ended,
+    and an update waits for the requests generating (today's drain)."""
     num_iterations: int = 1
     """Optimizer passes over each step's rollouts (PPO's epochs; GRPO's mu). The ratio's
     denominator (old logprobs) is taken once, before the first pass, so clipping by

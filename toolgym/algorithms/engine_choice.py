@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -64,13 +64,20 @@ def make_engine(
         # The policy's own dtype: vLLM's "auto" would serve a float32 model in 16 bits, so
         # sampling logprobs would drift from the trainer's.
         dtype = str(policy.dtype).removeprefix("torch.")
-        in_flight = max(args.prompts_per_step * args.num_generations, len(eval_rows))
+        overlapping = args.max_staleness > 0 and args.partial_rollouts
+        steps_in_flight = 1 + args.max_staleness if overlapping else 1
+        in_flight = max(
+            args.prompts_per_step * args.num_generations * steps_in_flight, len(eval_rows)
+        )
         per_token = kv_bytes_per_token(str(folder), dtype)
         episode = args.limits.max_episode_tokens
         tokens = args.kv_cache_tokens or default_kv_cache_tokens(in_flight, episode, per_token)
         kv = {} if torch.cuda.is_available() else {"kv_cache_tokens": tokens}
         quiet = {} if args.verbose else {"use_tqdm_on_load": False}
-        return VLLMEngine(str(folder), dtype=dtype, seed=args.seed, **kv, **quiet)
+        updates: Literal["finish", "continue"] = "continue" if overlapping else "finish"
+        return VLLMEngine(
+            str(folder), dtype=dtype, seed=args.seed, in_flight_updates=updates, **kv, **quiet
+        )
     from toolgym.agents.engines.server import VLLMServerEngine
 
     return VLLMServerEngine(

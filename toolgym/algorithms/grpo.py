@@ -39,6 +39,7 @@ from toolgym.algorithms.environments import training_environments
 from toolgym.algorithms.heap import threshold_for_training
 from toolgym.algorithms.learner import Learner, load_policy
 from toolgym.algorithms.pipeline import pipelined_steps
+from toolgym.algorithms.policy_versions import PolicyVersions
 from toolgym.algorithms.rewards import (
     RewardFunc,
 )
@@ -126,6 +127,8 @@ class GRPOTrainer:
         )  # fmt: skip
         self.step, self._last_step_end = 0, 0.0
         self._engine_version, self._synced = 0, False  # the step the engine's weights are of
+        self.versions = PolicyVersions(self.engine)
+        """Which step's weights each engine version is (token staleness, `partial_rollouts`)."""
         self.stopped_by = ""
         """Why the last `train()` ended: "max_steps" or the `max_seconds` budget."""
         self.budget = StepBudget(args.max_seconds, 0)
@@ -194,9 +197,9 @@ class GRPOTrainer:
         """What makes one rollout's environment (`toolgym.algorithms.environments`)."""
         per_step = self.args.prompts_per_step * self.args.num_generations
         share = max(1, per_step // self.accelerator.num_processes)
-        make, self.env_pool = training_environments(
-            env, kwargs, self.args, share, share + len(self.eval_rows)
-        )
+        overlapping = self.args.max_staleness if self.args.partial_rollouts else 0
+        most = share * (1 + overlapping) + len(self.eval_rows)  # steps playing at once
+        make, self.env_pool = training_environments(env, kwargs, self.args, share, most)
         if self.env_pool is not None:  # the actors go with the trainer, or at exit
             self._pool_finalizer = weakref.finalize(self, self.env_pool.close)
         return make
@@ -224,6 +227,9 @@ class GRPOTrainer:
         """Advantages, the update, the weight sync and the step's metrics, for one batch."""
         trajectories, share = rollouts.trajectories, rollouts.share
         staleness = self.step - rollouts.policy_version  # updates since its weights
+        versions = self.versions.step_figures(
+            trajectories, self.step, rollouts.policy_version, self.learner.gather
+        )
         valid = functools.partial(trainable, mask_truncated=self.args.mask_truncated)
         everyone = self.learner.gather([(t.reward or 0.0, valid(t)) for t in trajectories])
         advantages, used = group_advantages(
@@ -252,7 +258,7 @@ class GRPOTrainer:
         logged = self.learner.gather([rollouts.reward_metrics])  # TRL's log_metric values
         metrics = step_metrics(everyone, outcomes, sources, used, self.args, logged)
         self._signal.check(self.step, metrics, self.accelerator.is_main_process)
-        metrics.update(loss_stats | self._sync_figures | rollouts.figures)
+        metrics.update(loss_stats | self._sync_figures | rollouts.figures | versions)
         if (curriculum := self.sampler.curriculum) is not None:  # every process sees the same
             curriculum.observe(metrics["success_rate"])
             metrics["curriculum_moves"] = curriculum.moves
@@ -268,7 +274,7 @@ class GRPOTrainer:
             self._log(metrics)
         if self.args.save_samples and self.accelerator.is_main_process:
             for trajectory in trajectories:
-                trajectory.metrics.update(step=self.step, staleness=staleness)
+                trajectory.metrics["step"] = self.step
             save_jsonl(trajectories, self._path("samples.jsonl"), append=True)
         return metrics
 
@@ -292,6 +298,7 @@ class GRPOTrainer:
             self._learn,
             self._next_step_fits,
             functools.partial(setattr, self, "stopped_by"),
+            overlap=self.args.partial_rollouts,
         )
 
     # -- evaluation, warm-up, saving ----------------------------------------------------------
@@ -368,6 +375,7 @@ class GRPOTrainer:
         policy, weights = self.learner.engine_weights()  # a collective under sharding
         self._sync_figures = sync_weights(self.engine, policy, self.accelerator, weights)
         self._engine_version, self._synced = self.step, True
+        self.versions.loaded(self.step)
 
 
 def _process_setup(args: GRPOConfig) -> Accelerator:

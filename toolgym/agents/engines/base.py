@@ -49,6 +49,9 @@ class Completion:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: Literal["stop", "length"]
+    versions: list[int] = field(default_factory=list)
+    """The engine's `weights_version` that sampled each token (a completion interrupted by a
+    weight update holds two); empty where the engine counts no versions."""
 
 
 def first_stop_string_end(
@@ -108,7 +111,7 @@ class Engine(Protocol):
         ...
 
     def update_weights(self, model_or_state_dict: Any) -> None:
-        """Load new policy weights."""
+        """Load new policy weights (engines that count them add 1 to `weights_version`)."""
         ...
 
     def close(self) -> None:

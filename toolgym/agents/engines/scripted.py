@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Literal
 
 from toolgym.agents.engines.base import Completion, GenerationRequest, first_stop_string_end
 
@@ -34,6 +34,8 @@ class ScriptedEngine:
         self._lock = threading.Lock()
         self.context_length = context_length
         self.batches: list[int] = []  # size of every generate() call, for tests of batching
+        self.weights_version = 0
+        """`update_weights` calls so far (stamped on each completion's `versions`)."""
 
     def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
         """The scripted token sequences, one per request, in order."""
@@ -50,9 +52,11 @@ class ScriptedEngine:
                 raise ValueError("ScriptedEngine needs a tokenizer for stop strings")
             decode = functools.partial(self.tokenizer.decode, skip_special_tokens=False)
             end = first_stop_string_end(ids[:end], request.sampling.stop_strings, decode) or end
+        version = self.weights_version
         if end is not None:
-            return Completion(ids[:end], [0.0] * end, "stop")
-        return Completion(ids, [0.0] * len(ids), "length" if len(reply) > len(ids) else "stop")
+            return Completion(ids[:end], [0.0] * end, "stop", [version] * end)
+        reason: Literal["stop", "length"] = "length" if len(reply) > len(ids) else "stop"
+        return Completion(ids, [0.0] * len(ids), reason, [version] * len(ids))
 
     def _take(self) -> list[int]:
         with self._lock:
@@ -61,7 +65,8 @@ class ScriptedEngine:
         return reply
 
     def update_weights(self, model_or_state_dict: Any) -> None:
-        """A script has no weights."""
+        """A script has no weights; the update is counted (`weights_version`)."""
+        self.weights_version += 1
 
     def close(self) -> None:
         """Nothing to release."""

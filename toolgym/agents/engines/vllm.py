@@ -16,9 +16,15 @@ import threading
 import warnings
 from collections.abc import Iterable
 from concurrent.futures import Future
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
-from toolgym.agents.engines.base import Completion, EngineCapabilities, GenerationRequest
+from toolgym.agents.engines.base import (
+    Completion,
+    EngineCapabilities,
+    GenerationRequest,
+    first_stop_string_end,
+)
 from toolgym.agents.models import resolve_model
 
 _CPU_ENVIRONMENT = {
@@ -99,6 +105,12 @@ class VLLMEngine:
             most a quarter of the memory available when the engine starts, with a warning). Too
             small a cache costs time, not correctness: requests queue, and the prefix cache
             (earlier turns of an episode) is evicted and recomputed.
+        in_flight_updates: What a weight update does to the requests generating when it
+            comes: "finish" lets them end under the old weights first (no completion mixes
+            two policies; the update waits for the longest); "continue" stops them where they
+            are, loads the weights and resumes each from its last token under the new ones
+            (the update waits for no one; each token's `Completion.versions` entry says which
+            weights sampled it; PipelineRL's in-flight updates).
         **llm_kwargs: Anything else `vllm.LLM` accepts (e.g. `gpu_memory_utilization`).
     """
 
@@ -113,8 +125,14 @@ class VLLMEngine:
         seed: int = 0,
         kv_cache_memory_bytes: int | None = None,
         kv_cache_tokens: int | None = None,
+        in_flight_updates: Literal["finish", "continue"] = "finish",
         **llm_kwargs: Any,
     ) -> None:
+        if in_flight_updates not in ("finish", "continue"):
+            raise ValueError(
+                f"in_flight_updates must be 'finish' or 'continue', not {in_flight_updates!r}"
+            )
+        self.in_flight_updates = in_flight_updates
         cuda = _has_cuda()
         if kv_cache_tokens is not None:
             per_token = kv_bytes_per_token(resolve_model(model), dtype)
@@ -145,8 +163,10 @@ class VLLMEngine:
         self._paused = False
         self._closed = False
         self._stepper: threading.Thread | None = None
-        self._running: dict[str, Future[Completion]] = {}  # by vLLM request id (step thread)
+        self._running: dict[str, _InFlight] = {}  # by vLLM request id (step thread)
         self._request_ids = 0
+        self.weights_version = 0
+        """Weight updates loaded so far; each completion's `versions` holds it per token."""
 
     def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
         """One completion per request, in order (one batch through vLLM)."""
@@ -156,7 +176,8 @@ class VLLMEngine:
         with self._lock:
             self._wait_until_idle()
             outputs = self.llm.generate(prompts, [_params(r) for r in requests], use_tqdm=False)
-        return [_completion(output.outputs[0]) for output in outputs]
+            version = self.weights_version
+        return [_completion(output.outputs[0], version) for output in outputs]
 
     def submit(self, request: GenerationRequest) -> Future[Completion]:
         """Start one request now; its completion arrives on the future the moment it is done.
@@ -180,10 +201,12 @@ class VLLMEngine:
     def update_weights(self, model_or_state_dict: Any) -> None:
         """Reload the policy's weights (a model or a state dict with HF parameter names).
 
-        The rule for requests in flight: every request submitted before this call (running,
-        or submitted but not yet admitted to the engine) finishes under the old weights; ones
-        submitted during the update wait, and start under the new weights. No completion mixes
-        two policies.
+        The rule for requests in flight, with `in_flight_updates="finish"`: every request
+        submitted before this call (running, or submitted but not yet admitted to the engine)
+        finishes under the old weights; ones submitted during the update wait, and start under
+        the new weights. No completion mixes two policies. With "continue": running requests
+        stop at their last token and resume under the new weights, and requests not yet
+        admitted start under them.
         """
         state = (
             model_or_state_dict.state_dict()
@@ -191,18 +214,24 @@ class VLLMEngine:
             else model_or_state_dict
         )
         weights = _cpu_weights(state.items())
+        carry_on = self.in_flight_updates == "continue"
         with self._admission:
             self._paused = True
-            submitted, self._incoming = self._incoming, []
+            submitted, self._incoming = ([], self._incoming) if carry_on else (self._incoming, [])
         try:
             with self._lock:
+                engine = self.llm.llm_engine
                 for request, future in submitted:  # submitted before the update: old weights
-                    self._admit(self.llm.llm_engine, request, future)
+                    self._admit(engine, request, future)
+                stopped = self._stop_running(engine) if carry_on else []
                 self._wait_until_idle()
                 self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
                 # Cached prompt KV was computed with the old weights; reusing it would sample
                 # the next rollouts from a mix of old and new policy.
                 self.llm.reset_prefix_cache()
+                self.weights_version += 1
+                for flight in stopped:  # on from their last token, under the new weights
+                    self._admit(engine, flight.request, flight.future, flight)
         finally:
             with self._admission:
                 self._paused = False
@@ -228,25 +257,49 @@ class VLLMEngine:
                 try:
                     self._step(engine)
                 except Exception as error:  # the engine broke: every waiting episode learns it
-                    for future in self._running.values():
-                        future.set_exception(error)
+                    for flight in self._running.values():
+                        flight.future.set_exception(error)
                     self._running.clear()
             with self._admission:
                 self._admission.notify_all()  # an update may be waiting for the engine to drain
 
-    def _admit(self, engine: Any, request: GenerationRequest, future: Future) -> None:
+    def _admit(
+        self,
+        engine: Any,
+        request: GenerationRequest,
+        future: Future,
+        resumed: _InFlight | None = None,
+    ) -> None:
+        """Start `request` (or continue `resumed` after its tokens so far) in vLLM."""
         from vllm.inputs import TokensPrompt
 
+        flight = resumed or _InFlight(request, future)
+        flight.version, flight.latest = self.weights_version, None
+        if flight.rest().sampling.max_tokens <= 0:  # stopped on its last token: it is whole
+            flight.finish_stopped()
+            return
         self._request_ids += 1
         request_id = f"toolgym-{self._request_ids}"  # outputs carry this (external) id
         try:
             engine.add_request(
-                request_id, TokensPrompt(prompt_token_ids=request.prompt_ids), _params(request)
+                request_id,
+                TokensPrompt(prompt_token_ids=request.prompt_ids + flight.done.token_ids),
+                _params(flight.rest()),
             )
         except Exception as error:  # a bad request fails alone
             future.set_exception(error)
             return
-        self._running[request_id] = future
+        self._running[request_id] = flight
+
+    def _stop_running(self, engine: Any) -> list[_InFlight]:
+        """Abort the requests generating now, keeping the tokens each has so far."""
+        stopped = list(self._running.values())
+        if stopped:
+            engine.abort_request(list(self._running))
+        self._running.clear()
+        for flight in stopped:
+            flight.keep_latest()
+        return stopped
 
     def _wait_until_idle(self) -> None:
         """Called holding `_lock` (the step loop steps only under it): let the requests in
@@ -260,7 +313,12 @@ class VLLMEngine:
             return
         for output in engine.step():
             if output.finished:
-                _resolve(self._running.pop(output.request_id), output.outputs[0])
+                self._running.pop(output.request_id).finish(output.outputs[0], self._decode)
+            elif output.request_id in self._running:  # its tokens so far, if an update stops it
+                self._running[output.request_id].latest = output.outputs[0]
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.llm.get_tokenizer().decode(ids, skip_special_tokens=False)
 
     def close(self) -> None:
         """Shut the engine down and free its memory (requests still running fail)."""
@@ -269,7 +327,8 @@ class VLLMEngine:
             self._admission.notify_all()
         if self._stepper is not None:
             self._stepper.join()
-        for _, future in [*self._incoming, *((None, f) for f in self._running.values())]:
+        futures = [f for _, f in self._incoming] + [f.future for f in self._running.values()]
+        for future in futures:
             if not future.done():
                 future.set_exception(RuntimeError("the engine was closed"))
         llm, self.llm = self.llm, None
@@ -299,21 +358,74 @@ def _params(request: GenerationRequest) -> Any:
     )
 
 
-def _resolve(future: Future[Completion], output: Any) -> None:
-    try:
-        future.set_result(_completion(output))
-    except Exception as error:
-        future.set_exception(error)
+@dataclass
+class _InFlight:
+    """A request generating in vLLM: the tokens of its earlier segments (a weight update in
+    "continue" mode stops a request and resumes it), the weights version of the segment now
+    running, and its latest partial output."""
+
+    request: GenerationRequest
+    future: Future[Completion]
+    done: Completion = field(default_factory=lambda: Completion([], [], "stop"))
+    version: int = 0
+    latest: Any = None
+
+    def rest(self) -> GenerationRequest:
+        """What is left to generate: the request less the tokens it has."""
+        sampling = replace(
+            self.request.sampling,
+            max_tokens=self.request.sampling.max_tokens - len(self.done.token_ids),
+        )
+        return replace(self.request, sampling=sampling)
+
+    def keep_latest(self) -> None:
+        """Add the running segment's tokens so far to `done` (it was aborted)."""
+        if self.latest is not None:
+            self.done = _joined(self.done, _completion(self.latest, self.version))
+        self.latest = None
+
+    def finish_stopped(self) -> None:
+        """Resolve the future with the tokens it had when it was stopped (all it may have)."""
+        self.future.set_result(replace(self.done, finish_reason="length"))
+
+    def finish(self, output: Any, decode: Any) -> None:
+        """Resolve the future with every segment's tokens (cut at the first stop string: one
+        may span two segments, where vLLM sees neither half)."""
+        try:
+            completion = _joined(self.done, _completion(output, self.version))
+            stops = self.request.sampling.stop_strings
+            if self.done.token_ids and stops:
+                end = first_stop_string_end(completion.token_ids, stops, decode)
+                if end is not None and end < len(completion.token_ids):
+                    completion = Completion(
+                        completion.token_ids[:end],
+                        completion.logprobs[:end],
+                        "stop",
+                        completion.versions[:end],
+                    )
+            self.future.set_result(completion)
+        except Exception as error:
+            self.future.set_exception(error)
 
 
-def _completion(output: Any) -> Completion:
+def _joined(first: Completion, then: Completion) -> Completion:
+    return Completion(
+        first.token_ids + then.token_ids,
+        first.logprobs + then.logprobs,
+        then.finish_reason,
+        first.versions + then.versions,
+    )
+
+
+def _completion(output: Any, version: int) -> Completion:
     ids = list(output.token_ids)
     logprobs = [
         entry[token].logprob for token, entry in zip(ids, output.logprobs or [], strict=False)
     ]
     if len(logprobs) != len(ids):
         raise RuntimeError(f"vLLM returned {len(logprobs)} logprobs for {len(ids)} tokens")
-    return Completion(ids, logprobs, "length" if output.finish_reason == "length" else "stop")
+    reason: Literal["stop", "length"] = "length" if output.finish_reason == "length" else "stop"
+    return Completion(ids, logprobs, reason, [version] * len(ids))
 
 
 def _cpu_weights(items: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:

@@ -30,6 +30,7 @@ throughput as a multiple of TRL's (`a/c`).
 
     python bench/rollout.py [--episodes 32] [--engine hf|vllm] [--no-peer]
     python bench/rollout.py --engine vllm-server --workload heterogeneous   # 1 vs 2 servers
+    python bench/rollout.py --workload long-tail   # partial rollouts vs the drain (vLLM)
 """
 
 from __future__ import annotations
@@ -278,7 +279,7 @@ class VaryingLengths:
         stop = request.sampling.stop_token_ids[:1]
         if completion.finish_reason == "length" and stop:
             ids = [*completion.token_ids[:-1], stop[0]]
-            return type(completion)(ids, completion.logprobs, "stop")
+            return dataclasses.replace(completion, token_ids=ids, finish_reason="stop")
         return completion
 
     def generate(self, requests):
@@ -305,6 +306,10 @@ class VaryingLengths:
 
     def update_weights(self, weights) -> None:
         self.engine.update_weights(weights)
+
+    @property
+    def weights_version(self) -> int | None:
+        return getattr(self.engine, "weights_version", None)
 
     def close(self) -> None:
         self.engine.close()
@@ -477,9 +482,21 @@ def main() -> None:
     )
     parser.add_argument("--no-peer", action="store_true", help="skip the TRL comparison")
     parser.add_argument(
-        "--workload", choices=["heterogeneous", "equal", "wordle"], default="wordle"
+        "--workload",
+        choices=["heterogeneous", "equal", "wordle", "long-tail"],
+        default="wordle",
+        help="long-tail: partial rollouts against the drain in GRPO training (bench/long_tail.py)",
     )
     args = parser.parse_args()
+    if args.workload == "long-tail":
+        from long_tail import long_tail
+
+        arms = long_tail()
+        for name in ("partial", "on-policy"):
+            speed = arms[name]["tokens_per_second"] / arms["drain"]["tokens_per_second"]
+            step = arms[name]["step_seconds"] / arms["drain"]["step_seconds"]
+            print(f"{name}/drain tokens/s {speed:.2f}, step time {step:.2f}")
+        return
     if args.engine == "vllm-server":
         figures = server_arms(args.workload if args.workload != "wordle" else "heterogeneous",
                               args.episodes)  # fmt: skip

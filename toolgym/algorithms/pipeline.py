@@ -21,6 +21,71 @@ from typing import Any
 from toolgym.algorithms.sampler import Rollouts
 
 
+class _Producer:
+    """Starts each step's play once the engine is close enough behind, in the order of the
+    steps; the learner takes the plays in that order (`next`) and says when it has updated
+    (`updated`)."""
+
+    def __init__(
+        self,
+        steps: range,
+        max_staleness: int,
+        engine_version: Callable[[], int],
+        play: Callable[[int], Rollouts | str],
+        overlap: bool,
+    ) -> None:
+        self.steps, self.max_staleness = steps, max_staleness
+        self.engine_version, self.play = engine_version, play
+        self.plays: queue.Queue[Future[Rollouts | str] | BaseException] = queue.Queue()
+        self.condition = threading.Condition()
+        self.stop = threading.Event()
+        self.players = ThreadPoolExecutor(
+            max_staleness + 1 if overlap else 1, thread_name_prefix="toolgym-rollouts"
+        )
+        self.thread = threading.Thread(target=self._produce, name="toolgym-producer", daemon=True)
+        self.thread.start()
+
+    def next(self) -> Rollouts | str:
+        """The next step's rollouts (or why it was not played), once played."""
+        played = self.plays.get()
+        if isinstance(played, BaseException):
+            raise played
+        return played.result()  # a play that raised raises here
+
+    def updated(self) -> None:
+        """The learner updated: the engine's version may let another play start."""
+        with self.condition:
+            self.condition.notify_all()
+
+    def close(self) -> None:
+        """Start no more plays; wait for those started (queued ones are dropped)."""
+        self.stop.set()
+        self.updated()
+        self.thread.join()
+        self.players.shutdown(wait=True, cancel_futures=True)
+
+    def _caught_up(self, step: int) -> bool:
+        return self.engine_version() >= step - self.max_staleness or self.stop.is_set()
+
+    def _play(self, step: int) -> Rollouts | str:
+        batch = self.play(step)
+        if isinstance(batch, str):  # the learner stops at this step: start no more
+            self.stop.set()
+            self.updated()
+        return batch
+
+    def _produce(self) -> None:
+        try:
+            for step in self.steps:
+                with self.condition:  # the engine has the weights of that update
+                    self.condition.wait_for(functools.partial(self._caught_up, step))
+                if self.stop.is_set():
+                    return
+                self.plays.put(self.players.submit(self._play, step))
+        except BaseException as error:  # handed to the learner, which raises it
+            self.plays.put(error)
+
+
 def pipelined_steps(
     steps: range,
     max_staleness: int,
@@ -43,53 +108,15 @@ def pipelined_steps(
         budget_spent: Told why the producer stopped early.
         overlap: Let the plays of up to `max_staleness` + 1 steps run at once.
     """
-    plays: queue.Queue[Future[Rollouts | str] | BaseException] = queue.Queue()
-    updated = threading.Condition()
-    stop = threading.Event()
-    players = ThreadPoolExecutor(
-        max_staleness + 1 if overlap else 1, thread_name_prefix="toolgym-rollouts"
-    )
-
-    def engine_caught_up(step: int) -> bool:
-        return engine_version() >= step - max_staleness or stop.is_set()
-
-    def play_step(step: int) -> Rollouts | str:
-        batch = play(step)
-        if isinstance(batch, str):  # the learner stops at this step: start no more
-            stop.set()
-            with updated:
-                updated.notify_all()
-        return batch
-
-    def produce() -> None:
-        try:
-            for step in steps:
-                with updated:  # the engine has the weights of that update
-                    updated.wait_for(functools.partial(engine_caught_up, step))
-                if stop.is_set():
-                    return
-                plays.put(players.submit(play_step, step))
-        except BaseException as error:  # handed to the learner, which raises it
-            plays.put(error)
-
-    producer = threading.Thread(target=produce, name="toolgym-producer", daemon=True)
-    producer.start()
+    producer = _Producer(steps, max_staleness, engine_version, play, overlap)
     try:
         while keep_going():
-            played = plays.get()
-            if isinstance(played, BaseException):
-                raise played
-            batch = played.result()  # a play that raised raises here
+            batch = producer.next()
             if isinstance(batch, str):
                 budget_spent(batch)
                 break
             metrics = learn(batch)
-            with updated:
-                updated.notify_all()
+            producer.updated()
             yield metrics
     finally:
-        stop.set()
-        with updated:
-            updated.notify_all()
-        producer.join()
-        players.shutdown(wait=True, cancel_futures=True)  # plays started end; queued ones go
+        producer.close()

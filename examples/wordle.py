@@ -48,7 +48,7 @@ from toolgym.algorithms import (
 from toolgym.algorithms.budget import BudgetPlan, BudgetRequest, Speeds, plan_budget
 from toolgym.algorithms.tracking import plot_rewards
 from toolgym.algorithms.warmup_cache import warmup_key
-from toolgym.envs.wordle import WordleExpert
+from toolgym.envs.wordle import WordleExpert, wordle_dataset, wordle_levels
 
 
 def play_expert(games: int, seed: int) -> None:
@@ -109,6 +109,8 @@ def config_from(args: argparse.Namespace) -> GRPOConfig:
         # whole game)
         step_rewards="tokens",
         save_steps=0,
+        curriculum=bool(args.levels),
+        dynamic_sampling=args.dynamic_sampling,
         max_staleness=(
             (1 if args.engine.startswith("vllm") else 0)
             if args.max_staleness is None
@@ -256,6 +258,21 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --guess-reward: a game's per-guess rewards never sum below 0 (penalties only "
         "take back what its guesses earned), so guessing never scores below not guessing",
+    )
+    parser.add_argument(
+        "--levels",
+        type=lambda text: [int(size) for size in text.split(",") if size.strip()],
+        default=[],
+        help="a difficulty curriculum over Wordle's easier games: the candidate-list sizes of "
+        "its levels, easiest first (e.g. 2,4,8,16,0; 0: the full game). GRPO trains one level "
+        "at a time, promoted by its win rate; the warm-up's games cover every level; the final "
+        "evaluation adds held-out games at the level reached. Empty (the default): the full game",
+    )
+    parser.add_argument(
+        "--dynamic-sampling",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="replace groups whose rewards are all equal by fresh ones (DAPO; up to 2 rounds)",
     )
     parser.add_argument(
         "--known-letters",
@@ -429,6 +446,8 @@ def main() -> None:
     print(f"GRPO: {trainer.step} steps ({trainer.stopped_by})")
     after = evaluate(trainer, "after", eval_rows)
     finish(trainer, before, after)
+    if args.levels:
+        print("\n" + level_reached(trainer, args, len(eval_rows)))
     if plans:
         print("\n" + budget_summary(plans, trainer, grpo_seconds, time.perf_counter() - started))
 
@@ -452,11 +471,45 @@ def datasets(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[dic
     evaluation's (--eval-games from the test split, by --seed + 1): no held-out answer is
     ever a warm-up or GRPO answer (tests/test_wordle_budget.py checks)."""
     spec = toolgym.spec("Wordle-v0")
+    evaluation = [dict(r) for r in spec.dataset(args.eval_games, seed=args.seed + 1, split="test")]
+    if args.levels:  # the warm-up's games alternate levels, so a shortened warm-up keeps each
+        per_level = -(-args.warmup_games // len(args.levels))
+        demos = wordle_levels(per_level, args.warmup_seed, "train", args.levels)
+        by_level = [demos[i::per_level] for i in range(per_level)]
+        return (
+            wordle_levels(2000 // len(args.levels), args.seed, "train", args.levels),
+            [row for rows in by_level for row in rows][: args.warmup_games],
+            evaluation,
+        )
     return (
         [dict(r) for r in spec.dataset(2000, seed=args.seed, split="train")],
         [dict(r) for r in spec.dataset(args.warmup_games, seed=args.warmup_seed, split="train")],
-        [dict(r) for r in spec.dataset(args.eval_games, seed=args.seed + 1, split="test")],
+        evaluation,
     )
+
+
+def level_reached(trainer: GRPOTrainer, args: argparse.Namespace, games: int) -> str:
+    """Held-out games at the curriculum's level when GRPO ended, beside the full game's."""
+    curriculum = trainer.sampler.curriculum
+    assert curriculum is not None
+    level = int(curriculum.difficulty)
+    size = args.levels[level]
+    lines = [f"curriculum: level {level} of {len(args.levels) - 1} reached ({curriculum.moves} "
+             f"moves; {size or 'no'} candidates)"]  # fmt: skip
+    if not size:
+        return "\n".join([*lines, "(the level reached is the full game: see the table above)"])
+    rows = wordle_dataset(games, args.seed + 1, "test", candidates=size)
+    for mode in ("greedy", "sampled"):
+        temperature = 0.0 if mode == "greedy" else trainer.args.temperature
+        figures = trainer.evaluate(rows, temperature, samples_file=f"eval-level-{mode}.jsonl")
+        wins = figures["success_rate"]
+        error = (wins * (1 - wins) / figures["episodes"]) ** 0.5
+        lines.append(
+            f"held-out at level {level} ({mode}): win rate {wins:.1%} ± {error:.1%}, reward "
+            f"{figures['reward']:.3f}, consistent guesses "
+            f"{figures['env'].get('consistent_guesses', math.nan):.2f} per game"
+        )
+    return "\n".join(lines)
 
 
 # Seconds per held-out game (one mode, vLLM) and per GRPO step of 2 x 4 episodes, as multiples

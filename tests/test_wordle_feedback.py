@@ -97,9 +97,12 @@ def test_spelled_demonstrations_write_letters_as_the_feedback_does() -> None:
         plain.guess("Q Z X W V")
 
 
+@pytest.mark.parametrize("levels", [[], ["--levels", "2,4,8,16,0"]], ids=["full", "levels"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_the_example_never_trains_on_a_held_out_answer(seed: int) -> None:
-    """examples/wordle.py's rows: warm-up and GRPO answers are never evaluation answers."""
+def test_the_example_never_trains_on_a_held_out_answer(seed: int, levels: list[str]) -> None:
+    """examples/wordle.py's rows: warm-up and GRPO answers (and candidate words, with
+    --levels) are never evaluation answers; with --levels the warm-up's games alternate the
+    levels, so a warm-up the budget shortens still covers each."""
     import importlib.util
     from pathlib import Path
 
@@ -108,8 +111,13 @@ def test_the_example_never_trains_on_a_held_out_answer(seed: int) -> None:
     assert spec is not None and spec.loader is not None
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
-    args = example.build_parser().parse_args(["--seed", str(seed)])
+    args = example.build_parser().parse_args(["--seed", str(seed), *levels])
     train, warmup, held_out = example.datasets(args)
     assert len(held_out) == args.eval_games and len(warmup) == args.warmup_games
     trained = {row["answer"] for row in train + warmup}
+    trained |= {word for row in train + warmup for word in row.get("candidates", [])}
     assert not trained & {row["answer"] for row in held_out}
+    if levels:
+        assert [row["difficulty"] for row in warmup[:10]] == [0, 1, 2, 3, 4] * 2
+        assert {row["difficulty"] for row in train} == {0, 1, 2, 3, 4}
+        assert all("candidates" not in row for row in held_out)  # the full game

@@ -143,6 +143,11 @@ class Wordle(Environment):
             as the feedback writes letters (`"T R A C E"`), so a model whose tokens are
             whole words can copy the known letters spot by spot. The tool reads a word
             spelled so with or without this option.
+
+    A row may carry `candidates`, a list of words that holds the answer: the game then starts
+    by naming them ("The secret word is one of these 4 words: ..."), the expert's
+    demonstrations guess only among them, and the game is easier the shorter the list
+    (`wordle_levels` builds rows of rising difficulty for `GRPOConfig.curriculum`).
     """
 
     def __init__(
@@ -170,20 +175,29 @@ class Wordle(Environment):
         self.known_letters = known_letters
         self.spelled = spelled
         self.answer = ""
+        self.candidates: tuple[str, ...] = ()
+        """The words the game said the answer is among (none: the full game)."""
         self.history: list[tuple[str, str]] = []
         self.guess_credit = 0.0
         """The sum of this game's per-guess rewards and penalties so far."""
 
-    def reset(self, answer: str | None = None) -> str | None:
+    def reset(
+        self, answer: str | None = None, candidates: Sequence[str] | None = None
+    ) -> str | None:
         if answer is None:
-            answer = self.rng.choice(answer_words())
+            answer = self.rng.choice(list(candidates) if candidates else answer_words())
         answer = answer.strip().lower()
         if len(answer) != WORD_LENGTH or not answer.isalpha():
             raise ValueError(f"a Wordle answer is five letters, got {answer!r}")
-        self.answer = answer
+        words = tuple(dict.fromkeys(w.strip().lower() for w in candidates or ()))
+        if words and answer not in words:
+            raise ValueError(f"the candidates {list(words)} do not hold the answer {answer!r}")
+        self.answer, self.candidates = answer, words
         self.history = []
         self.guess_credit = 0.0
-        return None
+        if not words:
+            return None
+        return f"The secret word is one of these {len(words)} words: {', '.join(words)}."
 
     def guess(self, word: str) -> str:
         """Guess the secret word and get a colour for each letter.
@@ -240,7 +254,8 @@ class Wordle(Environment):
 
     def demonstration(self) -> list[list[ToolCall]]:
         """The expert's guesses for this episode's answer, one tool call per turn."""
-        expert, history, turns = _expert(), list(self.history), []
+        expert = WordleExpert(self.candidates) if self.candidates else _expert()
+        history, turns = list(self.history), []
         while len(history) < self.max_guesses:
             word = expert.next_guess(history)
             turns.append(
@@ -356,11 +371,37 @@ def in_split(word: str, split: str) -> bool:
 
 
 def wordle_dataset(
-    n: int, seed: int = 0, split: str = "train", guesses: int = 6
+    n: int, seed: int = 0, split: str = "train", guesses: int = 6, candidates: int = 0
 ) -> list[dict[str, Any]]:
-    """`n` Wordle prompts with their answers; `split="test"` draws from held-out words."""
+    """`n` Wordle prompts with their answers; `split="test"` draws from held-out words. With
+    `candidates` > 0, each row also lists that many words of the split, its answer among
+    them in a random place (`Wordle`'s easier game)."""
     words = [w for w in answer_words() if in_split(w, split)]
+    if not 0 <= candidates <= len(words):
+        raise ValueError(f"candidates must be in [0, {len(words)}], got {candidates}")
     rng = random.Random(seed)
     chosen = rng.sample(words, n) if n <= len(words) else rng.choices(words, k=n)
     prompt = [{"role": "user", "content": RULES.format(guesses=guesses)}]
-    return [{"prompt": prompt, "answer": word} for word in chosen]
+    rows: list[dict[str, Any]] = [{"prompt": prompt, "answer": word} for word in chosen]
+    for row in rows if candidates else ():
+        others = rng.sample([w for w in words if w != row["answer"]], candidates - 1)
+        others.insert(rng.randrange(candidates), row["answer"])
+        row["candidates"] = others
+    return rows
+
+
+LEVELS = (2, 4, 8, 16, 0)
+"""`wordle_levels`' default candidate-list sizes, easiest first; 0: the full game."""
+
+
+def wordle_levels(
+    n: int, seed: int = 0, split: str = "train", sizes: Sequence[int] = LEVELS
+) -> list[dict[str, Any]]:
+    """Rows for a difficulty curriculum (`GRPOConfig.curriculum`): `n` rows at each level,
+    `difficulty` 0, 1, ... in the order of `sizes` (the candidate-list size of each level;
+    0: the full game, no list)."""
+    rows = []
+    for level, size in enumerate(sizes):
+        for row in wordle_dataset(n, seed + 7919 * level, split, candidates=size):
+            rows.append(row | {"difficulty": level})
+    return rows

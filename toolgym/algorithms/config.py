@@ -237,7 +237,8 @@ class GRPOConfig:
     the staleness bound lets them, while the slowest episodes of the steps before are still
     playing (up to `max_staleness` + 1 steps in flight), and a weight update stops the
     requests generating and resumes them on the new weights (`VLLMEngine`'s
-    `in_flight_updates="continue"`), so an episode's tokens may come from several updates.
+    `in_flight_updates="continue"`; a vLLM server engine still lets them finish first and
+    records no versions), so an episode's tokens may come from several updates.
     Each token records the weights that sampled it (`Sample.versions`); the importance weight
     uses each token's own sampling logprob, and `token_staleness` / `mixed_policy_episodes`
     are logged. False: each step's episodes start once the previous step's have all ended,

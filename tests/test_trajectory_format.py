@@ -46,7 +46,10 @@ def test_one_shape_for_one_sequence_and_per_turn():
     trajectory = Trajectory([Sample([1, 2])])
     trajectory.append([3, 4], sampled=True, logprobs=[-0.5, -0.5])
     trajectory.append([5], sampled=False)
-    assert trajectory.samples == [Sample([1, 2], [3, 4, 5], [1, 1, 0], [-0.5, -0.5, 0.0])]
+    # no weights versions given: -1 per token (an engine that counts none; observations)
+    versions = [-1, -1, -1]
+    expected = Sample([1, 2], [3, 4, 5], [1, 1, 0], [-0.5, -0.5, 0.0], versions=versions)
+    assert trajectory.samples == [expected]
     assert (trajectory.model_tokens, trajectory.observation_tokens) == (2, 1)
     trajectory.samples.append(Sample([1, 2, 3, 4, 5, 6]))  # the next turn's prompt
     trajectory.append([7], sampled=True, logprobs=[-1.0])

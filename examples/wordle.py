@@ -35,6 +35,7 @@ import torch
 
 import toolgym
 from toolgym.agents import AgentLimits
+from toolgym.agents.engines.base import capabilities
 from toolgym.agents.trajectory import load_jsonl
 from toolgym.algorithms import (
     GRPOConfig,
@@ -438,8 +439,10 @@ def main() -> None:
         stop_without_grpo(plans["after the warm-up"], args)
         eval_rows = eval_rows[: plans["after the warm-up"].eval_games]
     before = evaluate(trainer, "before", eval_rows)
+    warmed = warmed_weights(trainer) if args.levels else None
     if args.time_budget:
-        apply_budget(trainer, args.time_budget, time.perf_counter() - started)
+        share = 2.25 if args.levels else 1.25  # with levels, the level reached is played too
+        apply_budget(trainer, args.time_budget, time.perf_counter() - started, share)
     grpo_started = time.perf_counter()
     trainer.train()
     grpo_seconds = time.perf_counter() - grpo_started
@@ -447,7 +450,7 @@ def main() -> None:
     after = evaluate(trainer, "after", eval_rows)
     finish(trainer, before, after)
     if args.levels:
-        print("\n" + level_reached(trainer, args, len(eval_rows)))
+        print("\n" + level_reached(trainer, args, len(eval_rows), warmed))
     if plans:
         print("\n" + budget_summary(plans, trainer, grpo_seconds, time.perf_counter() - started))
 
@@ -488,8 +491,22 @@ def datasets(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[dic
     )
 
 
-def level_reached(trainer: GRPOTrainer, args: argparse.Namespace, games: int) -> str:
-    """Held-out games at the curriculum's level when GRPO ended, beside the full game's."""
+def warmed_weights(trainer: GRPOTrainer) -> dict[str, torch.Tensor] | None:
+    """A copy of the policy before GRPO, to play the level reached with it at the end (an
+    engine with weights of its own only: one over the policy would lose the trained ones)."""
+    if not capabilities(trainer.engine).own_weights:
+        return None
+    return {k: v.detach().clone() for k, v in trainer.learner.policy.state_dict().items()}
+
+
+def level_reached(
+    trainer: GRPOTrainer,
+    args: argparse.Namespace,
+    games: int,
+    warmed: dict[str, torch.Tensor] | None,
+) -> str:
+    """Held-out games at the curriculum's level when GRPO ended, played by the trained policy
+    and (with `warmed`) by the policy before GRPO, paired by game."""
     curriculum = trainer.sampler.curriculum
     assert curriculum is not None
     level = int(curriculum.difficulty)
@@ -499,17 +516,25 @@ def level_reached(trainer: GRPOTrainer, args: argparse.Namespace, games: int) ->
     if not size:
         return "\n".join([*lines, "(the level reached is the full game: see the table above)"])
     rows = wordle_dataset(games, args.seed + 1, "test", candidates=size)
-    for mode in ("greedy", "sampled"):
-        temperature = 0.0 if mode == "greedy" else trainer.args.temperature
-        figures = trainer.evaluate(rows, temperature, samples_file=f"eval-level-{mode}.jsonl")
-        wins = figures["success_rate"]
-        error = (wins * (1 - wins) / figures["episodes"]) ** 0.5
-        lines.append(
-            f"held-out at level {level} ({mode}): win rate {wins:.1%} ± {error:.1%}, reward "
-            f"{figures['reward']:.3f}, consistent guesses "
-            f"{figures['env'].get('consistent_guesses', math.nan):.2f} per game"
-        )
-    return "\n".join(lines)
+    after = evaluate(trainer, f"level-{level}-after", rows)
+    if warmed is None:
+        return "\n".join([*lines, *(level_line(level, m, after[m]) for m in after)])
+    trained = {k: v.detach().clone() for k, v in trainer.learner.policy.state_dict().items()}
+    trainer.engine.update_weights(warmed)
+    before = evaluate(trainer, f"level-{level}-before", rows)
+    trainer.engine.update_weights(trained)
+    return "\n".join([*lines, summary_table(before, after)])
+
+
+def level_line(level: int, mode: str, figures: dict) -> str:
+    """One mode's win rate (± its standard error) and consistent guesses at `level`."""
+    wins = figures["success_rate"]
+    error = (wins * (1 - wins) / figures["episodes"]) ** 0.5
+    consistent = figures["env"].get("consistent_guesses", math.nan)
+    return (
+        f"held-out at level {level} ({mode}): win rate {wins:.1%} ± {error:.1%}, reward "
+        f"{figures['reward']:.3f}, consistent guesses {consistent:.2f} per game"
+    )
 
 
 # Seconds per held-out game (one mode, vLLM) and per GRPO step of 2 x 4 episodes, as multiples
@@ -627,11 +652,12 @@ def warm_up(trainer: GRPOTrainer, demos: list[dict], args: argparse.Namespace) -
     )
 
 
-def apply_budget(trainer: GRPOTrainer, budget: float, spent: float) -> None:
+def apply_budget(trainer: GRPOTrainer, budget: float, spent: float, share: float = 1.25) -> None:
     """Give GRPO what is left of `budget` after what was spent, less the final evaluation
-    (the one just done, timed, and a quarter more: a trained policy plays longer games) and
-    a margin for the checkpoint and the plot."""
-    evaluation = 1.25 * trainer.stages.records["evaluation"].seconds
+    (`share` times the one just done, timed: a quarter more, as a trained policy plays longer
+    games, and with --levels one more for the level reached) and a margin for the checkpoint
+    and the plot."""
+    evaluation = share * trainer.stages.records["evaluation"].seconds
     left = budget - spent - evaluation - 30
     trainer.args.max_seconds = max(left, 0.0)
     print(

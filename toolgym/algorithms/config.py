@@ -241,8 +241,10 @@ class GRPOConfig:
     records no versions), so an episode's tokens may come from several updates.
     Each token records the weights that sampled it (`Sample.versions`); the importance weight
     uses each token's own sampling logprob, and `token_staleness` / `mixed_policy_episodes`
-    are logged. False: each step's episodes start once the previous step's have all ended,
-    and an update waits for the requests generating (today's drain)."""
+    are logged. With a `curriculum`, steps whose plays overlap draw from it in the order they
+    reach it, so a resumed run may give two neighbouring steps each other's rows. False: each
+    step's episodes start once the previous step's have all ended, and an update waits for
+    the requests generating (today's drain)."""
     num_iterations: int = 1
     """Optimizer passes over each step's rollouts (PPO's epochs; GRPO's mu). The ratio's
     denominator (old logprobs) is taken once, before the first pass, so clipping by

@@ -12,7 +12,7 @@ from sandbox_envs import InlineCalculator
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 import toolgym
-from toolgym.agents import Agent, AgentLimits, HFEngine
+from toolgym.agents import Agent, AgentLimits, HFEngine, ScriptedEngine
 from toolgym.agents.engines.base import GenerationRequest, SamplingParams
 from toolgym.agents.inline import observation_ids
 from toolgym.agents.trajectory import load_jsonl
@@ -344,7 +344,14 @@ def test_review_fixes_a_last_line_still_runs_and_broken_environments_end_one_epi
             raise RuntimeError("the grader died")
 
     tokenizer = tiny_tokenizer()
-    agent = inline_agent(tokenizer, ["<code>1</code>", "done<|im_end|>"])
+
+    def code_then_done(prompt_ids: list[int]) -> list[int]:
+        """Each episode's own script (replies handed out in turn would race between the
+        two episodes: under load one of them could get "done" first)."""
+        observed = "<output>" in tokenizer.decode(prompt_ids)
+        return ids(tokenizer, "done<|im_end|>" if observed else "<code>1</code>")
+
+    agent = Agent(ScriptedEngine(code_then_done, tokenizer=tokenizer), tokenizer)
     nan, broken = agent.run([NotANumber(), BrokenGrader()], [{"prompt": "x"}] * 2)
     assert nan.status == "env_error" and "not a finite number" in nan.error
     # raised on the model's answer: the model's (issue 43); `EnvironmentBug` would be env_error

@@ -362,6 +362,11 @@ class GRPOConfig:
         if self.sandbox_resources is not None and self.sandbox != "ray":
             raise ValueError('sandbox_resources only apply with sandbox="ray"')
 
+    def steps_in_flight(self) -> int:
+        """How many steps' episodes may play at once: `max_staleness` + 1 with partial
+        rollouts, else 1 (what engines' KV caches and sandbox pools are sized for)."""
+        return 1 + self.max_staleness if self.partial_rollouts else 1
+
     def loss_keywords(self) -> dict[str, Any]:
         """The loss's settings as `policy_loss`'s keywords (`LossSettings` fields)."""
         on = self.importance_sampling

@@ -64,16 +64,14 @@ def make_engine(
         # The policy's own dtype: vLLM's "auto" would serve a float32 model in 16 bits, so
         # sampling logprobs would drift from the trainer's.
         dtype = str(policy.dtype).removeprefix("torch.")
-        overlapping = args.max_staleness > 0 and args.partial_rollouts
-        steps_in_flight = 1 + args.max_staleness if overlapping else 1
-        in_flight = max(
-            args.prompts_per_step * args.num_generations * steps_in_flight, len(eval_rows)
-        )
+        per_step = args.prompts_per_step * args.num_generations
+        in_flight = max(per_step * args.steps_in_flight(), len(eval_rows))
         per_token = kv_bytes_per_token(str(folder), dtype)
         episode = args.limits.max_episode_tokens
         tokens = args.kv_cache_tokens or default_kv_cache_tokens(in_flight, episode, per_token)
         kv = {} if torch.cuda.is_available() else {"kv_cache_tokens": tokens}
         quiet = {} if args.verbose else {"use_tqdm_on_load": False}
+        overlapping = args.steps_in_flight() > 1
         updates: Literal["finish", "continue"] = "continue" if overlapping else "finish"
         return VLLMEngine(
             str(folder), dtype=dtype, seed=args.seed, in_flight_updates=updates, **kv, **quiet

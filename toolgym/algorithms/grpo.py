@@ -197,8 +197,7 @@ class GRPOTrainer:
         """What makes one rollout's environment (`toolgym.algorithms.environments`)."""
         per_step = self.args.prompts_per_step * self.args.num_generations
         share = max(1, per_step // self.accelerator.num_processes)
-        overlapping = self.args.max_staleness if self.args.partial_rollouts else 0
-        most = share * (1 + overlapping) + len(self.eval_rows)  # steps playing at once
+        most = share * self.args.steps_in_flight() + len(self.eval_rows)
         make, self.env_pool = training_environments(env, kwargs, self.args, share, most)
         if self.env_pool is not None:  # the actors go with the trainer, or at exit
             self._pool_finalizer = weakref.finalize(self, self.env_pool.close)

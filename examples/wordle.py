@@ -99,7 +99,9 @@ def config_from(args: argparse.Namespace) -> GRPOConfig:
         bf16=args.bf16,
         gradient_checkpointing=args.gradient_checkpointing,
         mmap_threshold=args.mmap_threshold_mib << 20,  # 0: glibc's moving threshold
-        limits=AgentLimits(max_turns=6, max_new_tokens=40, max_episode_tokens=600),
+        # 700: a game of six guesses with the hint lines fits (the expert's games: 775 tokens with
+        # the 345-token first prompt, 1,019 the longest of 16); 600 before the hints
+        limits=AgentLimits(max_turns=6, max_new_tokens=40, max_episode_tokens=700),
         temperature=1.0,
         loss_type="dapo",
         scale_rewards="group",
@@ -284,6 +286,15 @@ def build_parser() -> argparse.ArgumentParser:
         "demonstrations, GRPO and the evaluations alike",
     )
     parser.add_argument(
+        "--hints",
+        type=int,
+        default=20,
+        help="Wordle's feedback lists the possible answers that still fit all the colours "
+        "when at most this many do (else gives their number), in the expert's demonstrations, "
+        "GRPO and the evaluations alike (Wordle(hints=...); 0: the plain game). With it the "
+        "policy first won held-out games and GRPO raised its consistent guesses (docs/training.md)",
+    )
+    parser.add_argument(
         "--spelled",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -339,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=16_384,
         help="the vLLM engine's KV cache (0: GRPOConfig's default, room for 32 evaluation games "
-        "at the full 600-token budget plus 256 prompt tokens each: 27,392 tokens, 1.26 GB); "
+        "at the full 700-token budget plus 256 prompt tokens each: 30,592 tokens); "
         "the prompt is the same in every game, which vLLM's prefix cache holds once, "
         "and games average fewer tokens than the budget; a fuller cache queues requests",
     )
@@ -412,6 +423,7 @@ def main() -> None:
             "guess_floor": args.guess_floor,
             "known_letters": args.known_letters,
             "spelled": args.spelled,
+            "hints": args.hints,
         },
     )
     plans: dict[str, BudgetPlan] = {}

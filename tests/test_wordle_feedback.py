@@ -1,4 +1,5 @@
-"""Wordle's `known_letters` option: a line of everything the feedback so far says."""
+"""Wordle's feedback options: `known_letters` (a line of everything the feedback so far says)
+and `hints` (the answers that still fit), and the example's rows."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import random
 import pytest
 
 from toolgym.envs.calls import ToolError
+from toolgym.envs.tools import instance_tools
 from toolgym.envs.wordle import (
     Wordle,
     WordleExpert,
@@ -121,3 +123,56 @@ def test_the_example_never_trains_on_a_held_out_answer(seed: int, levels: list[s
         assert [row["difficulty"] for row in warmup[:10]] == [0, 1, 2, 3, 4] * 2
         assert {row["difficulty"] for row in train} == {0, 1, 2, 3, 4}
         assert all("candidates" not in row for row in held_out)  # the full game
+
+
+def _listed(text: str) -> list[str] | None:
+    """The words a feedback text's hint line lists (None: the line gives only a number)."""
+    line = text.splitlines()[-2]
+    if line.startswith("Words that still fit"):
+        return line.split(": ", 1)[1].removesuffix(".").split(", ")
+    assert line.endswith("possible answers still fit.")
+    return None
+
+
+def test_hints_list_exactly_the_answers_that_still_fit() -> None:
+    """Over random games (random words, then the expert's), the hint line gives the number of
+    answers consistent with every guess so far, and lists them (the answer among them) once
+    there are at most `hints`; a brute-force filter of the answer list agrees."""
+    rng, words = random.Random(1), sorted(allowed_words())
+    for answer in rng.sample(answer_words(), 25):
+        env, expert = Wordle(hints=12, max_guesses=8), WordleExpert()
+        env.reset(answer=answer)
+        text = env.guess(rng.choice(words))
+        while "Correct!" not in text and "Out of guesses" not in text:
+            fits = [w for w in answer_words() if all(feedback(g, w) == p for g, p in env.history)]
+            listed = _listed(text)
+            if len(fits) <= 12:
+                assert listed == fits and answer in listed
+            else:
+                assert listed is None and text.splitlines()[-2].startswith(f"{len(fits)} ")
+            text = env.guess(expert.next_guess(env.history))
+
+
+def test_hints_draw_from_the_candidates_and_are_off_by_default() -> None:
+    env = Wordle(hints=3)
+    env.reset(answer="crane", candidates=["crane", "crate", "stone", "grace"])
+    assert env.guess("slate").splitlines()[1] == "Words that still fit (2): crane, grace."
+    plain = Wordle()
+    plain.reset(answer="crane")
+    assert "still fit" not in plain.guess("slate")
+    with pytest.raises(ValueError, match="hints must be 0 or more"):
+        Wordle(hints=-1)
+
+
+def test_with_hints_the_expert_guesses_a_listed_word() -> None:
+    """The demonstrations a warm-up learns from: once a list is shown, the expert's next guess
+    is on it (so copying from the list is what they teach), and `hints` adds no tool."""
+    env = Wordle(hints=20)
+    assert list(instance_tools(env)) == ["guess"]
+    for answer in random.Random(2).sample(answer_words(), 20):
+        env.reset(answer=answer)
+        listed = None
+        for turn in env.demonstration():
+            word = turn[0].arguments["word"]
+            assert listed is None or word in listed
+            listed = _listed(env.guess(word)) if word != answer else None

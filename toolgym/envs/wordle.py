@@ -143,6 +143,12 @@ class Wordle(Environment):
             as the feedback writes letters (`"T R A C E"`), so a model whose tokens are
             whole words can copy the known letters spot by spot. The tool reads a word
             spelled so with or without this option.
+        hints: When at most this many possible answers (of the candidates, or of
+            `answer_words()` in the full game) still fit all the feedback, each guess's
+            feedback lists them ("Words that still fit (3): ..."); while more fit it gives
+            their number. The help a solver's word list gives a human player: the colours
+            still decide which words are listed, and choosing among them is the model's
+            job. 0 (the default): the plain game.
 
     A row may carry `candidates`, a list of words that holds the answer: the game then starts
     by naming them ("The secret word is one of these 4 words: ..."), the expert's
@@ -159,6 +165,7 @@ class Wordle(Environment):
         known_letters: bool = False,
         guess_floor: bool = False,
         spelled: bool = False,
+        hints: int = 0,
     ) -> None:
         if not 0.0 <= shaping < 1.0:
             raise ValueError(f"shaping must be in [0, 1), got {shaping}")
@@ -174,6 +181,9 @@ class Wordle(Environment):
         self.guess_floor = guess_floor
         self.known_letters = known_letters
         self.spelled = spelled
+        if hints < 0:
+            raise ValueError(f"hints must be 0 or more, got {hints}")
+        self.hints = hints
         self.answer = ""
         self.candidates: tuple[str, ...] = ()
         """The words the game said the answer is among (none: the full game)."""
@@ -223,6 +233,8 @@ class Wordle(Environment):
         self.reward = self._partial_credit() + self.guess_credit
         if self.known_letters:
             line = f"{line}\n{known_letters(self.history)}"
+        if self.hints:
+            line = f"{line}\n{self._hint()}"
         if used >= self.max_guesses:
             self.done = True
             return f"{line}\nOut of guesses. The word was {self.answer.upper()}."
@@ -265,6 +277,19 @@ class Wordle(Environment):
             if word == self.answer:
                 break
         return turns
+
+    def _still_possible(self) -> list[str]:
+        """The possible answers (the game's candidates, or `answer_words()`) that fit every
+        guess's colours so far, in list order."""
+        return remaining_answers(self.candidates or answer_words(), self.history)
+
+    def _hint(self) -> str:
+        """`hints`' line: the words that still fit when there are few enough, else their
+        number."""
+        words = self._still_possible()
+        if len(words) > self.hints:
+            return f"{len(words)} possible answers still fit."
+        return f"Words that still fit ({len(words)}): {', '.join(words)}."
 
     def _judge(self, word: str) -> float:
         """A valid guess's own reward: + for one after the first that fits all the feedback
@@ -310,10 +335,7 @@ class WordleExpert:
 
     def candidates(self, history: Iterable[tuple[str, str]]) -> list[str]:
         """Answers consistent with every (guess, pattern) pair seen so far."""
-        remaining = list(self.answers)
-        for guess, pattern in history:
-            remaining = [w for w in remaining if feedback(guess, w) == pattern]
-        return remaining
+        return remaining_answers(self.answers, history)
 
     def next_guess(self, history: Sequence[tuple[str, str]]) -> str:
         """The expert's next word given the (guess, feedback) pairs so far."""
@@ -388,6 +410,14 @@ def wordle_dataset(
         others.insert(rng.randrange(candidates), row["answer"])
         row["candidates"] = others
     return rows
+
+
+def remaining_answers(answers: Iterable[str], history: Iterable[tuple[str, str]]) -> list[str]:
+    """The words of `answers` consistent with every (guess, pattern) pair of `history`."""
+    remaining = list(answers)
+    for guess, pattern in history:
+        remaining = [w for w in remaining if feedback(guess, w) == pattern]
+    return remaining
 
 
 LEVELS = (2, 4, 8, 16, 0)

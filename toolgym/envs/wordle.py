@@ -278,15 +278,10 @@ class Wordle(Environment):
                 break
         return turns
 
-    def _still_possible(self) -> list[str]:
-        """The possible answers (the game's candidates, or `answer_words()`) that fit every
-        guess's colours so far, in list order."""
-        return remaining_answers(self.candidates or answer_words(), self.history)
-
     def _hint(self) -> str:
-        """`hints`' line: the words that still fit when there are few enough, else their
-        number."""
-        words = self._still_possible()
+        """`hints`' line: the possible answers (the game's candidates, or `answer_words()`)
+        that fit every guess's colours so far when there are few enough, else their number."""
+        words = remaining_answers(self.candidates or answer_words(), self.history)
         if len(words) > self.hints:
             return f"{len(words)} possible answers still fit."
         return f"Words that still fit ({len(words)}): {', '.join(words)}."

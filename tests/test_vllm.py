@@ -205,7 +205,9 @@ def test_requests_finish_in_their_own_time_and_updates_wait_for_those_in_flight(
         engine.update_weights(state)
 
 
-def test_an_update_in_continue_mode_resumes_a_running_request_on_the_new_weights(tiny_vllm):
+def test_an_update_in_continue_mode_resumes_a_running_request_on_the_new_weights(
+    tiny_vllm, monkeypatch
+):
     """in_flight_updates="continue" (partial rollouts): a weight update stops the request
     generating where it is and resumes it under the new weights. Its tokens up to the stop
     are those, and carry the logprobs, of the old weights; the rest are the new weights'
@@ -227,26 +229,41 @@ def test_an_update_in_continue_mode_resumes_a_running_request_on_the_new_weights
     generator = torch.Generator().manual_seed(0)
     old = {k: v + 0.5 * torch.randn(v.shape, generator=generator) for k, v in state.items()}
     new = {k: v + 0.1 * torch.randn(v.shape, generator=generator) for k, v in old.items()}
+    go = threading.Event()  # releases the step loop, held in the middle of the request
     try:
         engine.update_weights(old)  # babbling weights: long greedy outputs
         reference = engine.generate([request([], 300)])[0]
         assert len(reference.token_ids) > 50, "the setup needs a long greedy output"
         engine.in_flight_updates = "continue"
         version = engine.weights_version
+        step, reached = engine._step, threading.Event()
+
+        def step_then_hold(vllm_engine: object) -> None:  # the step loop's thread, in `_lock`
+            step(vllm_engine)
+            if not reached.is_set() and any(
+                f.latest is not None and len(f.latest.token_ids) >= 10
+                for f in engine._running.values()
+            ):
+                reached.set()
+                go.wait(timeout=120)
+
+        monkeypatch.setattr(engine, "_step", step_then_hold)
         running = engine.submit(request([], 300))
-        deadline = time.monotonic() + 60
-        while not any(  # wait until the request has some tokens
-            f.latest is not None and len(f.latest.token_ids) >= 10
-            for f in list(engine._running.values())
-        ):
-            assert time.monotonic() < deadline and not running.done()
-            time.sleep(0.005)
+        assert reached.wait(timeout=60) and not running.done()
+        (held_at,) = [len(f.latest.token_ids) for f in engine._running.values() if f.latest]
         update = threading.Thread(target=engine.update_weights, args=(new,))
         update.start()
+        deadline = time.monotonic() + 120
+        try:  # let the engine go once the update has paused its step loop: however slow the
+            while not engine._paused:  # weight copy, the request stops where it was held
+                assert time.monotonic() < deadline
+                time.sleep(0.005)
+        finally:
+            go.set()
         update.join(timeout=120)
         result = running.result(timeout=120)
         stopped_at = result.versions.count(version)
-        assert stopped_at >= 10 and len(result.token_ids) > stopped_at
+        assert 10 <= held_at == stopped_at < len(result.token_ids)
         assert result.versions == [version] * stopped_at + [version + 1] * (
             len(result.token_ids) - stopped_at
         )
@@ -260,6 +277,7 @@ def test_an_update_in_continue_mode_resumes_a_running_request_on_the_new_weights
         assert result.logprobs[stopped_at:] == pytest.approx(continued.logprobs, abs=1e-4)
         assert len(result.token_ids) <= 300
     finally:
+        go.set()
         engine.in_flight_updates = "finish"
         engine.update_weights(state)
 

@@ -242,15 +242,16 @@ class VLLMEngine:
         engine = self.llm.llm_engine
         while True:
             with self._admission:
-                while (
-                    not self._closed and not self._running and (self._paused or not self._incoming)
+                # While an update runs, it drives the engine itself: stepping here too would
+                # race it for `_lock` (which is not fair) and let running requests finish
+                # under the old weights after a "continue" update was asked for.
+                while not self._closed and (
+                    self._paused or (not self._running and not self._incoming)
                 ):
                     self._admission.wait()
                 if self._closed:
                     return
-                admitted = [] if self._paused else self._incoming
-                if admitted:
-                    self._incoming = []
+                admitted, self._incoming = self._incoming, []
             with self._lock:
                 for request, future in admitted:
                     self._admit(engine, request, future)

@@ -295,6 +295,14 @@ def build_parser() -> argparse.ArgumentParser:
         "policy first won held-out games and GRPO raised its consistent guesses (docs/training.md)",
     )
     parser.add_argument(
+        "--hint-sample",
+        type=int,
+        default=0,
+        help="with --hints: while more answers fit, the feedback also lists this many of them "
+        "(spread evenly), so every guess after the first has words to copy "
+        "(Wordle(hint_sample=...); 0: only their number)",
+    )
+    parser.add_argument(
         "--spelled",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -424,6 +432,7 @@ def main() -> None:
             "known_letters": args.known_letters,
             "spelled": args.spelled,
             "hints": args.hints,
+            "hint_sample": args.hint_sample,
         },
     )
     plans: dict[str, BudgetPlan] = {}

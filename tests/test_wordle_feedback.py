@@ -128,19 +128,22 @@ def test_the_example_never_trains_on_a_held_out_answer(seed: int, levels: list[s
 def _listed(text: str) -> list[str] | None:
     """The words a feedback text's hint line lists (None: the line gives only a number)."""
     line = text.splitlines()[-2]
-    if line.startswith("Words that still fit"):
+    if line.startswith("Words that still fit") or ", among them: " in line:
         return line.split(": ", 1)[1].removesuffix(".").split(", ")
     assert line.endswith("possible answers still fit.")
     return None
 
 
-def test_hints_list_exactly_the_answers_that_still_fit() -> None:
+@pytest.mark.parametrize("hint_sample", [0, 5])
+def test_hints_list_exactly_the_answers_that_still_fit(hint_sample: int) -> None:
     """Over random games (random words, then the expert's), the hint line gives the number of
     answers consistent with every guess so far, and lists them (the answer among them) once
-    there are at most `hints`; a brute-force filter of the answer list agrees."""
+    there are at most `hints`; a brute-force filter of the answer list agrees. While more
+    fit, `hint_sample` of them are listed beside the number, spread evenly over them."""
     rng, words = random.Random(1), sorted(allowed_words())
     for answer in rng.sample(answer_words(), 25):
-        env, expert = Wordle(hints=12, max_guesses=8), WordleExpert()
+        env = Wordle(hints=12, max_guesses=8, hint_sample=hint_sample)
+        expert = WordleExpert()
         env.reset(answer=answer)
         text = env.guess(rng.choice(words))
         while "Correct!" not in text and "Out of guesses" not in text:
@@ -149,7 +152,10 @@ def test_hints_list_exactly_the_answers_that_still_fit() -> None:
             if len(fits) <= 12:
                 assert listed == fits and answer in listed
             else:
-                assert listed is None and text.splitlines()[-2].startswith(f"{len(fits)} ")
+                assert text.splitlines()[-2].startswith(f"{len(fits)} possible answers ")
+                spread = [fits[i * len(fits) // hint_sample] for i in range(hint_sample)]
+                assert listed == (spread or None)
+                assert len(set(spread)) == hint_sample
             text = env.guess(expert.next_guess(env.history))
 
 
@@ -162,12 +168,17 @@ def test_hints_draw_from_the_candidates_and_are_off_by_default() -> None:
     assert "still fit" not in plain.guess("slate")
     with pytest.raises(ValueError, match="hints must be 0 or more"):
         Wordle(hints=-1)
+    for hint_sample in (-1, 4):
+        with pytest.raises(ValueError, match=r"hint_sample must be from 0 to hints \(3\)"):
+            Wordle(hints=3, hint_sample=hint_sample)
 
 
-def test_with_hints_the_expert_guesses_a_listed_word() -> None:
-    """The demonstrations a warm-up learns from: once a list is shown, the expert's next guess
-    is on it (so copying from the list is what they teach), and `hints` adds no tool."""
-    env = Wordle(hints=20)
+@pytest.mark.parametrize("hint_sample", [0, 8])
+def test_with_hints_the_expert_guesses_a_listed_word(hint_sample: int) -> None:
+    """The demonstrations a warm-up learns from: once a list is shown (every guess after
+    the first with `hint_sample`), the expert's next guess is on it (so copying from the
+    list is what they teach), and `hints` adds no tool."""
+    env = Wordle(hints=20, hint_sample=hint_sample)
     assert list(instance_tools(env)) == ["guess"]
     for answer in random.Random(2).sample(answer_words(), 20):
         env.reset(answer=answer)
@@ -176,3 +187,4 @@ def test_with_hints_the_expert_guesses_a_listed_word() -> None:
             word = turn[0].arguments["word"]
             assert listed is None or word in listed
             listed = _listed(env.guess(word)) if word != answer else None
+            assert listed is not None or not hint_sample or word == answer

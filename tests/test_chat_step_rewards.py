@@ -13,7 +13,7 @@ import pytest
 from helpers import ids
 
 import toolgym
-from toolgym.agents import Agent, ScriptedEngine, Trajectory
+from toolgym.agents import Agent, AgentLimits, ScriptedEngine, Trajectory
 from toolgym.algorithms import GRPOConfig
 from toolgym.algorithms.advantages import group_advantages
 from toolgym.algorithms.batch import collate, training_samples
@@ -221,3 +221,75 @@ def test_a_plain_class_reward_read_at_the_end_is_no_turns_credit():
     agent = Agent(ScriptedEngine(plan_replies(tokenizer, (0.5,))), tokenizer, parser="hermes")
     (trajectory,) = agent.run([toolgym.as_environment(Once())], [dict(ROW)])
     assert trajectory.reward == 0.5 and trajectory.step_rewards == []
+
+
+WRONG_TURNS = [  # each a call refused before any tool ran
+    '<tool_call>\n{"name": "subtract", "arguments": {"points": 1}}\n</tool_call><|im_end|>',
+    '<tool_call>\n{"name": "add", "arguments": {"points": "many"}}\n</tool_call><|im_end|>',
+    "<tool_call>\n{not json\n</tool_call><|im_end|>",
+]
+
+
+def play_wrong_calls(invalid_call_reward: float) -> tuple[Trajectory, list[list[int]]]:
+    """An unknown tool, invalid arguments, a malformed call, a call of 0.5 points, then done."""
+    tokenizer = tiny_tokenizer()
+    replies = [ids(tokenizer, text) for text in WRONG_TURNS] + plan_replies(tokenizer, (0.5,))
+    limits = AgentLimits(invalid_call_reward=invalid_call_reward)
+    agent = Agent(ScriptedEngine(replies), tokenizer, parser="hermes", limits=limits)
+    (trajectory,) = agent.run([toolgym.as_environment(Points((0.5,)))], [dict(ROW)])
+    assert trajectory.status == "finished" and trajectory.reward == pytest.approx(0.5)
+    assert trajectory.metrics["tool_failures"] == 3
+    return trajectory, replies
+
+
+def test_each_refused_call_costs_its_turn_the_invalid_call_reward_outside_the_env_reward():
+    trajectory, replies = play_wrong_calls(-1.0)
+    turns = model_turns(trajectory.samples[0].loss_mask)
+    assert [end - start for start, end in turns] == [len(r) for r in replies]
+    wrong = [
+        {"sample": 0, "start": s, "end": e, "reward": -1.0, "in_reward": 0} for s, e in turns[:3]
+    ]
+    right = {"sample": 0, "start": turns[3][0], "end": turns[3][1], "reward": 0.5, "in_reward": 1}
+    assert trajectory.step_rewards == [*wrong, right]
+    assert step_reward_total(trajectory) == pytest.approx(-3.0)  # the environment's 0.5 is not
+    expected = [0.0] * len(trajectory.completion_ids)  # by hand, from the turns' spans
+    for (start, end), credit in zip(turns, [-1.0, -1.0, -1.0, 0.5, 0.0], strict=True):
+        expected[start:end] = [credit] * (end - start)
+    assert step_reward_bonus(trajectory) == pytest.approx(expected)
+
+
+def test_no_invalid_call_reward_by_default():
+    trajectory, _ = play_wrong_calls(0.0)
+    assert [s["reward"] for s in trajectory.step_rewards] == [0.5]
+
+
+@pytest.mark.parametrize("mode", ["return", "tokens"])
+def test_the_trainer_adds_the_invalid_call_reward_once_in_either_mode(mode):
+    """A group of two: one episode makes an unknown call before its 0.5-point call, one makes
+    the 0.5-point call alone. "return": the penalty joins the first one's reward (-0.5 against
+    0.5); "tokens": both rewards stay 0.5 (no advantage) and the wrong turn alone carries -1."""
+    tokenizer = tiny_tokenizer()
+    good = plan_replies(tokenizer, (0.5,))
+
+    def reply(prompt_ids: list[int]) -> list[int]:  # plan "0.5, 0": a wrong call first
+        text = tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        script = [ids(tokenizer, WRONG_TURNS[0]), *good] if "Plan: 0.5, 0<" in text else good
+        return script[text.count("total ") + text.count("Error")]
+
+    limits = AgentLimits(invalid_call_reward=-1.0)
+    agent = Agent(ScriptedEngine(reply), tokenizer, parser="hermes", limits=limits)
+    plans = itertools.cycle([(0.5, 0.0), (0.5,)])
+    args = GRPOConfig(prompts_per_step=1, num_generations=2, step_rewards=mode)
+    sampler = Sampler(agent, lambda: toolgym.as_environment(Points(next(plans))), [ROW], args)
+    trajectories = sampler.play(step=0, policy_version=0).trajectories
+    wrong, right = trajectories
+    assert wrong.reward_sources["env"] == right.reward_sources["env"] == pytest.approx(0.5)
+    assert wrong.reward_sources["step_rewards"] == pytest.approx(-1.0)
+    if mode == "return":
+        assert [wrong.reward, right.reward] == pytest.approx([-0.5, 0.5])
+    else:
+        assert [wrong.reward, right.reward] == pytest.approx([0.5, 0.5])
+        (row,) = training_samples([wrong], [0.0], step_credit=True)
+        first = model_turns(wrong.samples[0].loss_mask)[0]
+        assert row.bonus[first[0] : first[1]] == [-1.0] * (first[1] - first[0])
+        assert set(row.bonus[first[1] :]) == {0.0, 0.5}

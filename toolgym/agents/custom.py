@@ -35,7 +35,7 @@ from toolgym.agents.images import tool_images
 from toolgym.agents.inline import observation_ids
 from toolgym.agents.parsers import ParsedMessage, type_arguments
 from toolgym.agents.trajectory import Sample, Status, Trajectory
-from toolgym.envs.calls import MalformedToolCall, ToolCall
+from toolgym.envs.calls import INVALID_CALLS, MalformedToolCall, ToolCall
 
 if TYPE_CHECKING:
     from toolgym.agents.chat import ChatRenderer
@@ -249,11 +249,17 @@ class RolloutContext:
         the `step_rewards` of `trajectory` (default: `self.trajectory`) with the span of the
         model's turn that made the calls (`record_turn_reward`), where the environment reports
         per-step rewards (`reward_per_step`; a plain class's reward, read once at the end, is
-        the episode's, not a turn's)."""
+        the episode's, not a turn's). Each call refused before any tool ran (`INVALID_CALLS`)
+        adds `AgentLimits.invalid_call_reward` to the turn's step rewards, outside the
+        environment's reward (`in_reward` 0)."""
         step = await self._episode.call_tools(tool_calls)
         target = trajectory if trajectory is not None else self.trajectory
         if target is not None and getattr(self._episode.env, "reward_per_step", True):
             record_turn_reward(target, step.reward, self._turn)
+        invalid = sum(f["kind"] in INVALID_CALLS for f in step.info.get("failures", ()))
+        if target is not None and invalid:
+            penalty = invalid * self.limits.invalid_call_reward
+            record_turn_reward(target, penalty, self._turn, in_reward=False)
         self._stepped = True
         if trajectory is not None:
             for message in step.messages:
@@ -300,21 +306,31 @@ def assistant_message(text: str, parsed: ParsedMessage) -> dict[str, Any]:
 
 
 def record_turn_reward(
-    trajectory: Trajectory, reward: float | None, turn: tuple[int, int] | None
+    trajectory: Trajectory,
+    reward: float | None,
+    turn: tuple[int, int] | None,
+    in_reward: bool = True,
 ) -> None:
-    """Keep a tool call's step reward in `trajectory.step_rewards` with the model's turn that
-    made the call: `sample` (its index in `trajectory.samples`), `start` and `end` (the turn's
-    tokens in that sample's `completion_ids`: `turn` is (sample, start) of the turn, the end
-    is the sample's current end) and `in_reward` (1: the environment's reward already holds
-    it, `StepResult.reward` being its change). A reward of 0, None or not finite records
-    nothing (it would credit nothing). A turn in an earlier sample (or none) starts at 0."""
+    """Keep a tool call's step reward in `trajectory.step_rewards` with the model's turn that made
+    the call: `sample` (its index in `trajectory.samples`), `start` and `end` (the turn's tokens in
+    that sample's `completion_ids`: `turn` is (sample, start) of the turn, the end is the sample's
+    current end) and `in_reward` (1: the environment's reward already holds it, `StepResult.reward`
+    being its change; 0 with `in_reward=False`: a reward from outside the environment, such as
+    `AgentLimits.invalid_call_reward`). A reward of 0, None or not finite records nothing (it would
+    credit nothing). A turn in an earlier sample (or none) starts at 0."""
     if reward is None or not math.isfinite(reward) or reward == 0:
         return
     sample = len(trajectory.samples) - 1
     end = len(trajectory.completion_ids)
     start = min(turn[1], end) if turn is not None and turn[0] == sample else 0
     trajectory.step_rewards.append(
-        {"sample": sample, "start": start, "end": end, "reward": float(reward), "in_reward": 1}
+        {
+            "sample": sample,
+            "start": start,
+            "end": end,
+            "reward": float(reward),
+            "in_reward": int(in_reward),
+        }
     )
 
 

@@ -52,6 +52,16 @@ class AgentLimits:
             "type": float,
         },
     )
+    invalid_call_reward: float = field(
+        default=0.0,
+        metadata={
+            "help": "step reward of each tool call refused before any tool ran (malformed, "
+            "an unknown tool, invalid arguments), kept with the turn that made it and "
+            "outside the environment's reward (GRPOConfig.step_rewards: 'return' adds it to "
+            "the episode's reward, 'tokens' to that turn's tokens); negative to make such "
+            "calls cost something; 0: none"
+        },
+    )
     max_tool_calls_per_turn: int = field(
         default=32,
         metadata={

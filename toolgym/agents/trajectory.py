@@ -108,8 +108,9 @@ class Trajectory:
         reward_sources: What the total is made of, unweighted, by source: `env` (the episode's
             reward as played: the environment's, or `AgentLimits.model_failure_reward`), each
             reward function by name, and `step_rewards` (the sum of the per-step rewards the
-            environment's reward does not hold: an inline episode's; 0 for a chat episode,
-            whose step rewards are part of `env`); None where a source gave no value.
+            environment's reward does not hold: an inline episode's, and a chat episode's
+            `AgentLimits.invalid_call_reward`s; a chat episode's other step rewards are part
+            of `env`); None where a source gave no value.
         status: How the episode ended; one of `STATUSES`.
         error: What went wrong, for the failure statuses.
         metrics: turns, tool_calls, tool_failures, parse_failures, generation_seconds,
@@ -124,7 +125,9 @@ class Trajectory:
             reward (`StepResult.reward`; a change of 0 is not kept), with `sample` (the index
             in `samples` of the turn's sample), `start` and `end` (the turn's tokens in its
             `completion_ids`) and `in_reward: 1` (the episode's reward already holds it), e.g.
-            `[{"sample": 0, "start": 0, "end": 21, "reward": 0.1, "in_reward": 1}]`.
+            `[{"sample": 0, "start": 0, "end": 21, "reward": 0.1, "in_reward": 1}]`; a turn
+            with calls refused before any tool ran also gets `AgentLimits.invalid_call_reward`
+            per such call, with `in_reward: 0`.
         env_metrics: The environment's named figures of the episode besides its reward
             (`Environment.episode_metrics`, e.g. Wordle's `valid_guesses`), read when it ended.
         extras: Values reward functions logged for this episode with TRL's `log_extra(column,

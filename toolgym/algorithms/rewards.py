@@ -263,8 +263,9 @@ def _added(trajectory: Trajectory) -> int:
 
 def step_reward_total(trajectory: Trajectory) -> float:
     """The sum of the episode's step rewards that its reward does not already hold: an inline
-    episode's per-step rewards; not a tool call's (`in_reward`: the change of the
-    environment's reward, part of it already). 0 for an episode without such."""
+    episode's per-step rewards and a chat episode's `AgentLimits.invalid_call_reward`s; not a
+    tool call's (`in_reward`: the change of the environment's reward, part of it already).
+    0 for an episode without such."""
     return float(
         sum(step["reward"] for step in trajectory.step_rewards if not step.get("in_reward"))
     )

@@ -44,6 +44,10 @@ FailureKind = Literal[
     "env_error",  # the executor failed for a reason the model cannot cause
 ]
 
+INVALID_CALLS: frozenset[str] = frozenset({"malformed", "unknown_tool", "invalid_arguments"})
+"""The failures of calls refused before any tool ran: the model wrote the call wrong
+(`AgentLimits.invalid_call_reward` is the step reward of each)."""
+
 EPISODE_OVER = "the episode is over"
 """What a call after the end of its episode is told (`episode_over`): the environment graded
 already, and nothing after the end reaches it."""

@@ -62,8 +62,16 @@ async def openai_agent(base_url: str, api_key: str, row: dict, env) -> float | N
 def parser() -> argparse.ArgumentParser:
     parser = build_parser()
     parser.description = __doc__
-    # on-policy, as measured (the Wordle example's pipelining is untried with agent programs)
-    parser.set_defaults(output_dir="runs/harness", max_staleness=0)
+    # on-policy, as measured (the Wordle example's pipelining is untried with agent programs);
+    # 32 held-out games in both modes, as measured (this example plans no budget for them);
+    # no invalid-call reward: an agent program parses and calls the tools itself
+    parser.set_defaults(
+        output_dir="runs/harness",
+        max_staleness=0,
+        eval_games=32,
+        greedy_share=1.0,
+        invalid_call_reward=0.0,
+    )
     return parser
 
 
@@ -122,12 +130,12 @@ def main() -> None:
     if args.warmup_games:
         demos = spec.dataset(args.warmup_games, seed=args.warmup_seed, split="train")
         warm_up(trainer, demos, args)
-    before = evaluate(trainer, "before", trainer.eval_rows)
+    before = evaluate(trainer, "before", trainer.eval_rows, args.greedy_share)
     if args.time_budget:
         apply_budget(trainer, args.time_budget, time.perf_counter() - started)
     trainer.train()
     print(f"GRPO: {trainer.step} steps ({trainer.stopped_by}), every episode an openai-client loop")
-    after = evaluate(trainer, "after", trainer.eval_rows)
+    after = evaluate(trainer, "after", trainer.eval_rows, args.greedy_share)
     finish(trainer, before, after)
 
 

@@ -293,3 +293,39 @@ def test_the_trainer_adds_the_invalid_call_reward_once_in_either_mode(mode):
         first = model_turns(wrong.samples[0].loss_mask)[0]
         assert row.bonus[first[0] : first[1]] == [-1.0] * (first[1] - first[0])
         assert set(row.bonus[first[1] :]) == {0.0, 0.5}
+
+
+def test_an_episode_no_source_scored_stays_unscored_beside_one_with_an_invalid_call_reward():
+    """TRL leaves an episode no reward source scored out of its group (reward None). A
+    neighbour's invalid-call reward must not turn it into a 0: only an episode with step
+    rewards of its own (outside the environment's reward) is scored by them."""
+    tokenizer = tiny_tokenizer()
+    good = plan_replies(tokenizer, (0.5,))
+
+    def reply(prompt_ids: list[int]) -> list[int]:  # plan "0.5, 0": a wrong call first
+        text = tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        script = [ids(tokenizer, WRONG_TURNS[0]), *good] if "Plan: 0.5, 0<" in text else good
+        return script[text.count("total ") + text.count("Error")]
+
+    def only_the_wrong_one(completions, **kwargs):  # scores the episode with the wrong call
+        return [1.0 if "Error" in str(c) else None for c in completions]
+
+    agent = Agent(
+        ScriptedEngine(reply),
+        tokenizer,
+        parser="hermes",
+        limits=AgentLimits(invalid_call_reward=-1.0),
+    )
+    plans = itertools.cycle([(0.5, 0.0), (0.5,)])
+    args = GRPOConfig(prompts_per_step=1, num_generations=2, env_reward=False)
+    sampler = Sampler(
+        agent,
+        lambda: toolgym.as_environment(Points(next(plans))),
+        [ROW],
+        args,
+        reward_funcs=[only_the_wrong_one],
+    )
+    with pytest.warns(UserWarning, match="1 of 2 episodes got no reward"):
+        wrong, right = sampler.play(step=0, policy_version=0).trajectories
+    assert wrong.reward == pytest.approx(0.0)  # the function's 1.0 and the -1 of the wrong call
+    assert right.reward is None

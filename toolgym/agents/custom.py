@@ -256,8 +256,9 @@ class RolloutContext:
         target = trajectory if trajectory is not None else self.trajectory
         if target is not None and getattr(self._episode.env, "reward_per_step", True):
             record_turn_reward(target, step.reward, self._turn)
-        invalid = sum(f["kind"] in INVALID_CALLS for f in step.info.get("failures", ()))
-        if target is not None and invalid:
+        if target is not None and self.limits.invalid_call_reward:
+            failures = step.info.get("failures", ())
+            invalid = sum(f.get("kind") in INVALID_CALLS for f in failures)
             penalty = invalid * self.limits.invalid_call_reward
             record_turn_reward(target, penalty, self._turn, in_reward=False)
         self._stepped = True

@@ -59,7 +59,9 @@ class AgentLimits:
             "an unknown tool, invalid arguments), kept with the turn that made it and "
             "outside the environment's reward (GRPOConfig.step_rewards: 'return' adds it to "
             "the episode's reward, 'tokens' to that turn's tokens); negative to make such "
-            "calls cost something; 0: none"
+            "calls cost something; 0: none. Only where the rollout steps through "
+            "RolloutContext.step (the chat loop, rollout functions that call ctx.step): an "
+            "agent program (program_rollout) calls the tools itself and gets none"
         },
     )
     max_tool_calls_per_turn: int = field(

@@ -289,14 +289,15 @@ class GRPOConfig:
     env_reward: bool = True
     """Use the environment's own reward as a reward source."""
     step_rewards: Literal["return", "tokens", "ignore"] = "return"
-    """What per-step rewards (`Trajectory.step_rewards`) do: "return" adds an inline
-    episode's (separate from its environment's reward) to the episode's reward before group
-    advantages; "tokens" adds each step's reward to the advantage of the model tokens of its
-    span (an inline step's: the text up to its marker; a chat episode's tool call: the
-    assistant turn that made it), the episode's reward alone setting the group advantage;
-    "ignore" only keeps them in the samples. A chat episode's step rewards (`StepResult.reward`,
-    the change of the environment's reward) are part of its reward in every mode: never added
-    twice, never taken out; "tokens" is what gives them per-turn credit."""
+    """What per-step rewards (`Trajectory.step_rewards`) do: "return" adds an inline episode's,
+    and a chat episode's `AgentLimits.invalid_call_reward`s (each separate from the
+    environment's reward), to the episode's reward before group advantages; "tokens" adds each
+    step's reward to the advantage of the model tokens of its span (an inline step's: the text
+    up to its marker; a chat episode's tool call: the assistant turn that made it), the
+    episode's reward alone setting the group advantage; "ignore" only keeps them in the samples.
+    A chat episode's step rewards (`StepResult.reward`, the change of the environment's reward)
+    are part of its reward in every mode: never added twice, never taken out; "tokens" is what
+    gives them per-turn credit ("ignore" drops the invalid-call rewards)."""
     success_threshold: float = 1.0
     """An episode with at least this reward counts as a success in the logs."""
 

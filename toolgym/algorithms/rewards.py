@@ -271,6 +271,12 @@ def step_reward_total(trajectory: Trajectory) -> float:
     )
 
 
+def has_own_step_rewards(trajectory: Trajectory) -> bool:
+    """Whether the episode has step rewards its reward does not already hold (those
+    `step_reward_total` sums): without any, an episode no source scored stays unscored."""
+    return any(not step.get("in_reward") for step in trajectory.step_rewards)
+
+
 def step_reward_sample(trajectory: Trajectory, step: dict[str, float]) -> int:
     """The index in `trajectory.samples` of the sample a step reward's positions refer to:
     its `sample`, else the last (inline episodes, and files written before chat episodes had

@@ -29,6 +29,7 @@ from toolgym.algorithms.rewards import (
     RewardFunc,
     RewardLogs,
     compute_rewards,
+    has_own_step_rewards,
     step_reward_total,
 )
 from toolgym.algorithms.sft import demonstrations, make_for_row
@@ -290,8 +291,8 @@ class Sampler:
             sources["step_rewards"] = [step_reward_total(t) for t in trajectories]
             if args.step_rewards == "return":
                 rewards = [
-                    s if r is None else r + s
-                    for r, s in zip(rewards, sources["step_rewards"], strict=True)
+                    (s if has_own_step_rewards(t) else None) if r is None else r + s
+                    for r, s, t in zip(rewards, sources["step_rewards"], trajectories, strict=True)
                 ]
         for index, (trajectory, reward) in enumerate(zip(trajectories, rewards, strict=True)):
             trajectory.reward = reward

@@ -618,12 +618,13 @@ function renderTokens(answer, episode) {
   // episode's (no `sample`) are on its last, the one shown
   const shown = answer.samples - 1;
   const steps = (episode.step_rewards || []).filter((s) => s.sample === undefined || s.sample === shown);
-  const stepEnds = new Map(steps.map((s) => [s.end, s.reward]));
+  const stepEnds = new Map();  // a turn's environment reward and its invalid-call reward add up
+  steps.forEach((s) => stepEnds.set(s.end, (stepEnds.get(s.end) || 0) + s.reward));
   const spans = [];
   tokens.forEach((token, position) => {
     spans.push(tokenSpan(token, position));
     if (stepEnds.has(position + 1)) {
-      spans.push(el("sup", { class: "step-reward", title: "reward of this environment step", text: fmt(stepEnds.get(position + 1)) }));
+      spans.push(el("sup", { class: "step-reward", title: "reward of this step (the environment's, with any invalid-call reward)", text: fmt(stepEnds.get(position + 1)) }));
     }
   });
   $("#tokens").replaceChildren(...spans);

@@ -9,9 +9,10 @@ again, `runs/wordle/rewards.png`, a summary table and the run's stage table (tim
 memory). The whole run keeps to `--time-budget` (30 minutes by default), split by a plan made
 from this machine's measured speed (one timed forward and backward pass over two
 demonstrations): the warm-up and the held-out evaluation shrink together (to at least 64 games
-and 16 paired held-out games, half of them also greedy) when their full sizes would leave GRPO less than 60% of the
-budget, and GRPO gets the time the rest leaves (`toolgym.algorithms.budget`). The warm-up is
-cached, so a second run spends that time on GRPO instead.
+and 16 paired held-out games, half of them also greedy) when their full sizes would leave GRPO
+less than 60% of the budget, and GRPO gets the time the rest leaves
+(`toolgym.algorithms.budget`). The warm-up is cached, so a second run spends that time on GRPO
+instead.
 
     python examples/wordle.py                      # CPU default (see README for timings)
     python examples/wordle.py --quick              # a few steps, for smoke tests

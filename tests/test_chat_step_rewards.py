@@ -263,21 +263,27 @@ def test_no_invalid_call_reward_by_default():
     assert [s["reward"] for s in trajectory.step_rewards] == [0.5]
 
 
-@pytest.mark.parametrize("mode", ["return", "tokens"])
-def test_the_trainer_adds_the_invalid_call_reward_once_in_either_mode(mode):
-    """A group of two: one episode makes an unknown call before its 0.5-point call, one makes
-    the 0.5-point call alone. "return": the penalty joins the first one's reward (-0.5 against
-    0.5); "tokens": both rewards stay 0.5 (no advantage) and the wrong turn alone carries -1."""
+def wrong_call_first_agent() -> Agent:
+    """An agent (invalid-call reward -1) that plays plan "0.5, 0" with an unknown call before
+    its 0.5-point call, and plan "0.5" with the 0.5-point call alone."""
     tokenizer = tiny_tokenizer()
     good = plan_replies(tokenizer, (0.5,))
 
-    def reply(prompt_ids: list[int]) -> list[int]:  # plan "0.5, 0": a wrong call first
+    def reply(prompt_ids: list[int]) -> list[int]:
         text = tokenizer.decode(prompt_ids, skip_special_tokens=False)
         script = [ids(tokenizer, WRONG_TURNS[0]), *good] if "Plan: 0.5, 0<" in text else good
         return script[text.count("total ") + text.count("Error")]
 
     limits = AgentLimits(invalid_call_reward=-1.0)
-    agent = Agent(ScriptedEngine(reply), tokenizer, parser="hermes", limits=limits)
+    return Agent(ScriptedEngine(reply), tokenizer, parser="hermes", limits=limits)
+
+
+@pytest.mark.parametrize("mode", ["return", "tokens"])
+def test_the_trainer_adds_the_invalid_call_reward_once_in_either_mode(mode):
+    """A group of two: one episode makes an unknown call before its 0.5-point call, one makes
+    the 0.5-point call alone. "return": the penalty joins the first one's reward (-0.5 against
+    0.5); "tokens": both rewards stay 0.5 (no advantage) and the wrong turn alone carries -1."""
+    agent = wrong_call_first_agent()
     plans = itertools.cycle([(0.5, 0.0), (0.5,)])
     args = GRPOConfig(prompts_per_step=1, num_generations=2, step_rewards=mode)
     sampler = Sampler(agent, lambda: toolgym.as_environment(Points(next(plans))), [ROW], args)
@@ -299,23 +305,11 @@ def test_an_episode_no_source_scored_stays_unscored_beside_one_with_an_invalid_c
     """TRL leaves an episode no reward source scored out of its group (reward None). A
     neighbour's invalid-call reward must not turn it into a 0: only an episode with step
     rewards of its own (outside the environment's reward) is scored by them."""
-    tokenizer = tiny_tokenizer()
-    good = plan_replies(tokenizer, (0.5,))
-
-    def reply(prompt_ids: list[int]) -> list[int]:  # plan "0.5, 0": a wrong call first
-        text = tokenizer.decode(prompt_ids, skip_special_tokens=False)
-        script = [ids(tokenizer, WRONG_TURNS[0]), *good] if "Plan: 0.5, 0<" in text else good
-        return script[text.count("total ") + text.count("Error")]
 
     def only_the_wrong_one(completions, **kwargs):  # scores the episode with the wrong call
         return [1.0 if "Error" in str(c) else None for c in completions]
 
-    agent = Agent(
-        ScriptedEngine(reply),
-        tokenizer,
-        parser="hermes",
-        limits=AgentLimits(invalid_call_reward=-1.0),
-    )
+    agent = wrong_call_first_agent()
     plans = itertools.cycle([(0.5, 0.0), (0.5,)])
     args = GRPOConfig(prompts_per_step=1, num_generations=2, env_reward=False)
     sampler = Sampler(

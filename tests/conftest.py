@@ -38,6 +38,23 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """A failing test that holds real vLLM servers (a fixture that yields a `Servers`
+    launcher, alone or in a tuple) gets the tails of their logs in its report: an engine's
+    root cause is printed there, not in the HTTP error the test sees."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if not report.failed:
+        return
+    seen: set[int] = set()
+    for value in getattr(item, "funcargs", {}).values():
+        for candidate in value if isinstance(value, tuple) else (value,):
+            if callable(getattr(candidate, "log_tails", None)) and id(candidate) not in seen:
+                seen.add(id(candidate))
+                report.sections.append(("vLLM server logs", candidate.log_tails()))
+
+
 @pytest.fixture(autouse=True)
 def _registrations_stay_in_their_test() -> Iterator[None]:
     """Ids a test registers (and their gymnasium twins) are removed after it, and ids it

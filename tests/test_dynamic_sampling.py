@@ -46,6 +46,20 @@ def test_a_group_has_signal_when_its_update_members_rewards_differ():
     assert not has_signal([_episode(0.0), _episode(1.0, status="length")], mask_truncated=True)
 
 
+def test_with_step_credit_a_step_reward_on_a_members_tokens_is_signal():
+    """`step_rewards="tokens"` adds step rewards to their spans' tokens, not to the reward: a
+    group of equal rewards where a member's turn cost an invalid call still teaches."""
+    penalised = _episode(1.0)
+    penalised.step_rewards.append({"sample": 0, "start": 0, "end": 2, "reward": -1.0})
+    group = [_episode(1.0), penalised]
+    assert has_signal(group, step_credit=True)
+    assert not has_signal(group)  # "return" already put it in the reward; "ignore" drops it
+    zero = _episode(1.0)
+    zero.step_rewards.append({"sample": 0, "start": 0, "end": 2, "reward": 0.0})
+    assert not has_signal([_episode(1.0), zero], step_credit=True)
+    assert not has_signal([penalised, _episode(1.0, status="env_error")], step_credit=True)
+
+
 def test_extra_rows_are_seeded_per_step_and_round():
     rows = [{"i": i} for i in range(10)]
     first = extra_rows(rows, 4, seed=0, step=3, round_=1)

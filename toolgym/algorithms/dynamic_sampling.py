@@ -1,7 +1,8 @@
 """Dynamic sampling (DAPO): a step trains on groups that carry signal.
 
 A group whose members' rewards are all equal (or that has fewer than two members in the
-update) has no advantage: it costs its rollouts and teaches nothing. With
+update) has no advantage (unless `step_rewards="tokens"` puts a member's step rewards on its
+tokens): it costs its rollouts and teaches nothing. With
 `GRPOConfig.dynamic_sampling`, after a step's groups are played, such groups are replaced by
 groups of fresh rows played in extra rounds (each one generation batch of `prompts_per_step`
 rows, at most `dynamic_sampling_rounds` of them), until the step holds `prompts_per_step`
@@ -24,9 +25,18 @@ from toolgym.algorithms.advantages import trainable
 Row = dict[str, Any]
 
 
-def has_signal(group: Sequence[Trajectory], mask_truncated: bool = False) -> bool:
-    """Whether a group's update members got rewards that differ (so at least two of them)."""
-    return len({t.reward for t in group if trainable(t, mask_truncated)}) > 1
+def has_signal(
+    group: Sequence[Trajectory], mask_truncated: bool = False, step_credit: bool = False
+) -> bool:
+    """Whether a group's update members (at least two) got rewards that differ, or, with
+    `step_credit` (`GRPOConfig.step_rewards="tokens"`: step rewards are added to their spans'
+    tokens, not to the reward), whether any of them has a nonzero step reward."""
+    members = [t for t in group if trainable(t, mask_truncated)]
+    if len(members) < 2:
+        return False
+    if step_credit and any(step["reward"] for t in members for step in t.step_rewards):
+        return True
+    return len({t.reward for t in members}) > 1
 
 
 def extra_rows(
@@ -73,11 +83,12 @@ def fill_with_signal(
     wanted: int,
     rounds: int,
     mask_truncated: bool = False,
+    step_credit: bool = False,
 ) -> tuple[list[Trajectory], dict[str, list[float]], dict[str, list[float]], dict[str, float]]:
     """The step's groups: those of `first` and of up to `rounds` extra rounds
-    (`play_round(r)`) that carry signal, in the order played, topped up with `first`'s
-    signal-less groups to `wanted`. Returns the trajectories, the per-source rewards, the
-    reward functions' logged values and the figures for the step's metrics
+    (`play_round(r)`) that carry signal (`has_signal`), in the order played, topped up with
+    `first`'s signal-less groups to `wanted`. Returns the trajectories, the per-source rewards,
+    the reward functions' logged values and the figures for the step's metrics
     (`dynamic_rounds`, `dynamic_groups_played`, `dynamic_groups_kept_without_signal`)."""
     kept: list[tuple[list[Trajectory], dict[str, list[float]]]] = []
     idle: list[tuple[list[Trajectory], dict[str, list[float]]]] = []
@@ -90,7 +101,7 @@ def fill_with_signal(
         for name, values in played.reward_metrics.items():
             logged.setdefault(name, []).extend(values)
         for group, sources in zip(played.groups, played.sources, strict=True):
-            if has_signal(group, mask_truncated):
+            if has_signal(group, mask_truncated, step_credit):
                 kept.append((group, sources))
             elif keep_idle:
                 idle.append((group, sources))

@@ -142,6 +142,7 @@ class Sampler:
                 self.args.prompts_per_step,
                 self.args.dynamic_sampling_rounds,
                 self.args.mask_truncated,
+                self.args.step_rewards == "tokens",
             )
             figures.update(dynamic)
             finished = time.perf_counter()

@@ -188,3 +188,31 @@ def test_with_hints_the_expert_guesses_a_listed_word(hint_sample: int) -> None:
             assert listed is None or word in listed
             listed = _listed(env.guess(word)) if word != answer else None
             assert listed is not None or not hint_sample or word == answer
+
+
+def test_a_refused_word_repeats_the_last_feedbacks_help_lines() -> None:
+    """A refused word (not five letters, not in the list) uses no guess, and its error says
+    why and then repeats what the last feedback's help lines said (everything known, the words
+    that still fit), so the next turn has words to copy; the plain game's refusal is one line."""
+    env = Wordle(hints=3, known_letters=True)
+    env.reset(answer="crane", candidates=["crane", "crate", "stone", "grace"])
+    feedback_lines = env.guess("slate").splitlines()[1:3]
+    assert feedback_lines[1] == "Words that still fit (2): crane, grace."
+    for word, reason in (("laundry", "is not a five-letter word"), ("qzxwv", "not in the word")):
+        with pytest.raises(ToolError) as refused:
+            env.guess(word)
+        lines = str(refused.value).splitlines()
+        assert reason in lines[0] and "did not use a guess" in lines[0]
+        assert lines[1:] == feedback_lines
+    assert [w for w, _ in env.history] == ["slate"]
+    before_any = Wordle(hints=3, hint_sample=2)
+    before_any.reset(answer="crane")
+    with pytest.raises(ToolError) as refused:
+        before_any.guess("grow")  # no guess yet: no known letters, the number and two words
+    shown = ", ".join(before_any._listed([])[1])
+    assert str(refused.value).splitlines()[1].endswith(f"still fit, among them: {shown}.")
+    plain = Wordle()
+    plain.reset(answer="crane")
+    with pytest.raises(ToolError) as refused:
+        plain.guess("grow")
+    assert str(refused.value) == "'grow' is not a five-letter word; this did not use a guess."

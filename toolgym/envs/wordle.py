@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, NoReturn
 
 from toolgym.envs.calls import ToolCall, ToolError
 from toolgym.envs.core import Environment
@@ -227,11 +227,9 @@ class Wordle(Environment):
         """
         word = "".join(word.split()).lower()
         if len(word) != WORD_LENGTH or not word.isalpha():
-            self._credit(-self.guess_reward)
-            raise ToolError(f"{word!r} is not a five-letter word; this did not use a guess.")
+            self._refuse(f"{word!r} is not a five-letter word; this did not use a guess.")
         if word not in allowed_words() and word != self.answer:
-            self._credit(-self.guess_reward)
-            raise ToolError(f"{word!r} is not in the word list; this did not use a guess.")
+            self._refuse(f"{word!r} is not in the word list; this did not use a guess.")
         self._add_guess_credit(self._judge(word))
         pattern = feedback(word, self.answer)
         self.history.append((word, pattern))
@@ -241,10 +239,7 @@ class Wordle(Environment):
             self.done, self.reward = True, 1.0
             return f"{line}\nCorrect! You found {word.upper()} in {used} guesses."
         self.reward = self._partial_credit() + self.guess_credit
-        if self.known_letters:
-            line = f"{line}\n{known_letters(self.history)}"
-        if self.hints:
-            line = f"{line}\n{self._hint()}"
+        line = "\n".join([line, *self._help_lines()])
         if used >= self.max_guesses:
             self.done = True
             return f"{line}\nOut of guesses. The word was {self.answer.upper()}."
@@ -288,6 +283,21 @@ class Wordle(Environment):
             if word == self.answer:
                 break
         return turns
+
+    def _refuse(self, reason: str) -> NoReturn:
+        """Refuse a word (its penalty, with `guess_reward`): the error says why and then
+        repeats the help lines of the last feedback (`known_letters`, `hints`), so the turn
+        after a refusal has the state, and words to copy, as close as after a guess. (Without
+        them, a model that sent a bad word sent the same one again in nearly every game:
+        docs/training.md, "A refused word ends the game".)"""
+        self._credit(-self.guess_reward)
+        raise ToolError("\n".join([reason, *self._help_lines()]))
+
+    def _help_lines(self) -> list[str]:
+        """The lines a feedback adds after the colours: everything known so far (with
+        `known_letters`, once a guess was made) and the words that still fit (with `hints`)."""
+        lines = [known_letters(self.history)] if self.known_letters and self.history else []
+        return lines + ([self._hint()] if self.hints else [])
 
     def _hint(self) -> str:
         """`hints`' line: the possible answers (the game's candidates, or `answer_words()`)

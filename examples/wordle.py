@@ -340,6 +340,15 @@ def build_parser() -> argparse.ArgumentParser:
         "policy won 28%% -> 59%% of held-out games over GRPO (docs/training.md)",
     )
     parser.add_argument(
+        "--demo-refusals",
+        type=float,
+        default=0.25,
+        help="the share of the warm-up's expert games that show one refused word before a "
+        "guess (the warm-up learns the guess that follows, not the refused word: "
+        "Wordle(demo_refusals=...)). Without them a warmed policy that sent a refused word "
+        "sent it again until the turn limit (docs/training.md)",
+    )
+    parser.add_argument(
         "--spelled",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -473,6 +482,7 @@ def main() -> None:
             "spelled": args.spelled,
             "hints": args.hints,
             "hint_sample": args.hint_sample,
+            "demo_refusals": args.demo_refusals,
         },
     )
     plans: dict[str, BudgetPlan] = {}

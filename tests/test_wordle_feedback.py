@@ -216,3 +216,54 @@ def test_a_refused_word_repeats_the_last_feedbacks_help_lines() -> None:
     with pytest.raises(ToolError) as refused:
         plain.guess("grow")
     assert str(refused.value) == "'grow' is not a five-letter word; this did not use a guess."
+
+
+def test_demo_refusals_show_a_refused_word_the_warm_up_does_not_learn() -> None:
+    """With `demo_refusals=1` every expert game of more than one guess shows one refused word
+    after its first guess (chosen by the answer: the same each time), then goes on as the
+    flawless game does; played through the agent loop for the warm-up, the refused turn's
+    tokens are context (loss mask 0) and every other turn is learned."""
+    from toolgym.algorithms.sft import demonstrations
+    from toolgym.algorithms.turn_credit import turns
+    from toolgym.testing import tiny_tokenizer
+
+    answers = random.Random(4).sample(answer_words(), 12)
+    for answer in answers:
+        flawless = Wordle(hints=20, hint_sample=8)
+        shown = Wordle(hints=20, hint_sample=8, demo_refusals=1.0)
+        for env in (flawless, shown):
+            env.reset(answer=answer)
+        plain = [t[0].arguments["word"] for t in flawless.demonstration()]
+        words = [t[0].arguments["word"] for t in shown.demonstration()]
+        assert words == [t[0].arguments["word"] for t in shown.demonstration()]  # deterministic
+        if len(plain) == 1:
+            assert words == plain
+            continue
+        (refused,) = [i for i, w in enumerate(words) if w not in allowed_words()]
+        assert refused >= 1 and words[:refused] + words[refused + 1 :] == plain
+        with pytest.raises(ToolError, match="did not use a guess"):
+            shown.guess(words[refused])
+    with pytest.raises(ValueError, match="demo_refusals must be from 0 to 1"):
+        Wordle(demo_refusals=1.5)
+
+    prompt = [{"role": "user", "content": "Play Wordle with the guess tool."}]
+    rows = [{"prompt": prompt, "answer": a} for a in answers[:4]]
+    make = lambda: Wordle(hints=20, hint_sample=8, demo_refusals=1.0)  # noqa: E731
+    for demo in demonstrations(make, rows, tiny_tokenizer(), parser="hermes"):
+        calls = [m for m in demo.messages if m["role"] == "assistant"]
+        failed = [m.get("failure") for m in demo.messages if m["role"] == "tool"]
+        assert len(calls) == len(failed) and failed.count("tool_error") == 1
+        assert demo.reward == 1.0
+        spans = turns(demo)  # the runs of learned tokens: every turn but the refused one
+        assert len(spans) == len(calls) - 1
+        learned = [
+            demo.samples[s.sample].completion_ids[s.start : s.end] for s in spans
+        ]  # fmt: skip
+        refused_word = next(
+            c["tool_calls"][0]["function"]["arguments"]["word"]
+            for c, f in zip(calls, failed, strict=True)
+            if f
+        )
+        text = [tiny_tokenizer().decode(ids) for ids in learned]
+        assert not any(refused_word in t for t in text)
+        assert sum("guess" in t for t in text) == len(calls) - 1

@@ -28,6 +28,7 @@ from toolgym.algorithms.config import SFTConfig
 from toolgym.algorithms.losses import compile_by_default, token_logprobs
 from toolgym.algorithms.optim import adamw
 from toolgym.algorithms.prefix_sharing import share_prefix_by_default
+from toolgym.algorithms.turn_credit import turns
 from toolgym.envs.calls import close_all
 from toolgym.envs.stepping import as_environment
 
@@ -59,7 +60,7 @@ def demonstrations(
         chat_template_kwargs=dict(chat_template_kwargs or {}),
         per_turn=per_turn,
     )
-    trajectories = []
+    trajectories: list[Trajectory] = []
     make = functools.partial(make_for_row, env_factory)
     for row, seed in zip(rows, seeds, strict=True):
         expert = as_environment(make(row, seed))
@@ -84,10 +85,37 @@ def demonstrations(
         )
         played = make(row, seed)
         try:
-            trajectories.extend(agent.run([played], [row], [seed]))
+            trajectories.extend(map(_refused_turns_unlearned, agent.run([played], [row], [seed])))
         finally:
             close_all([played])
     return trajectories
+
+
+def _refused_turns_unlearned(trajectory: Trajectory) -> Trajectory:
+    """The demonstration with the loss mask cleared on each assistant turn whose call the
+    environment refused (a tool message with a `failure`): an expert may show a mistake and
+    what follows it (Wordle's `demo_refusals`), and the warm-up learns what follows, never the
+    mistake. Turns are matched to runs of sampled tokens in order (`turn_credit.turns`)."""
+    refused: set[int] = set()
+    turn = -1
+    for message in trajectory.messages:
+        if message.get("role") == "assistant":
+            turn += 1
+        elif message.get("role") == "tool" and message.get("failure") and turn >= 0:
+            refused.add(turn)
+    if not refused:
+        return trajectory
+    spans = turns(trajectory)
+    if len(spans) <= max(refused):
+        raise ValueError(
+            f"a demonstration has {len(spans)} runs of sampled tokens for "
+            f"{turn + 1} assistant turns: cannot tell which tokens made the refused calls"
+        )
+    for index in refused:
+        span = spans[index]
+        mask = trajectory.samples[span.sample].loss_mask
+        mask[span.start : span.end] = [0] * (span.end - span.start)
+    return trajectory
 
 
 def make_for_row(make_env: Callable[..., Any], row: dict[str, Any], seed: int | None) -> Any:

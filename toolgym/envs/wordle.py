@@ -155,6 +155,13 @@ class Wordle(Environment):
             has words to copy that use all the colours. The expert's demonstrations then
             play the listed word that splits the answers still fitting best. 0 (the
             default): only the number.
+        demo_refusals: The share of the expert's demonstrations (chosen by the answer) that
+            show one refused word (a word of four or six letters, or five letters not in the
+            list, made from another answer) before one of the guesses after the first, the
+            expert's guess following it. The warm-up does not learn the refused turn
+            (`toolgym.algorithms.sft` clears a refused call's loss mask), only what follows a
+            refusal: models warmed up on flawless games sent the same refused word again
+            until the turn limit. 0 (the default): flawless games.
 
     A row may carry `candidates`, a list of words that holds the answer: the game then starts
     by naming them ("The secret word is one of these 4 words: ..."), the expert's
@@ -173,6 +180,7 @@ class Wordle(Environment):
         spelled: bool = False,
         hints: int = 0,
         hint_sample: int = 0,
+        demo_refusals: float = 0.0,
     ) -> None:
         if not 0.0 <= shaping < 1.0:
             raise ValueError(f"shaping must be in [0, 1), got {shaping}")
@@ -194,6 +202,9 @@ class Wordle(Environment):
         if not 0 <= hint_sample <= hints:
             raise ValueError(f"hint_sample must be from 0 to hints ({hints}), got {hint_sample}")
         self.hint_sample = hint_sample
+        if not 0.0 <= demo_refusals <= 1.0:
+            raise ValueError(f"demo_refusals must be from 0 to 1, got {demo_refusals}")
+        self.demo_refusals = demo_refusals
         self.answer = ""
         self.candidates: tuple[str, ...] = ()
         """The words the game said the answer is among (none: the full game)."""
@@ -272,17 +283,20 @@ class Wordle(Environment):
     def demonstration(self) -> list[list[ToolCall]]:
         """The expert's guesses for this episode's answer, one tool call per turn."""
         expert = WordleExpert(self.candidates) if self.candidates else _expert()
-        history, turns = list(self.history), []
+        history, words = list(self.history), []
         while len(history) < self.max_guesses:
             shown = self._listed(history)[1] if history and self.hint_sample else None
             word = expert.next_guess(history, among=shown)
-            turns.append(
-                [ToolCall("guess", {"word": " ".join(word.upper()) if self.spelled else word})]
-            )
+            words.append(word)
             history.append((word, feedback(word, self.answer)))
             if word == self.answer:
                 break
-        return turns
+        choice = random.Random(zlib.crc32(f"{self.answer}:{len(self.history)}".encode()))
+        if len(words) > 1 and choice.random() < self.demo_refusals:
+            at = choice.randrange(1, len(words))
+            words.insert(at, _refused_word(choice))
+        spell = self.spelled
+        return [[ToolCall("guess", {"word": " ".join(w.upper()) if spell else w})] for w in words]
 
     def _refuse(self, reason: str) -> NoReturn:
         """Refuse a word (its penalty, with `guess_reward`): the error says why and then
@@ -346,6 +360,23 @@ class Wordle(Environment):
         distinct = dict(self.history)  # one entry per word: a word guessed again earns nothing
         credit = sum(1 + p.count(GREEN) + p.count(YELLOW) / 2 for p in distinct.values())
         return self.shaping * credit / ((WORD_LENGTH + 1) * self.max_guesses)
+
+
+def _refused_word(choice: random.Random) -> str:
+    """A word the tool refuses, made from a random answer: its first four letters, it and one
+    more letter, or its letters shuffled into a five-letter string that is not in the list."""
+    word = choice.choice(answer_words())
+    kind = choice.randrange(3)
+    if kind == 0:
+        return word[:4]
+    if kind == 1:
+        return word + choice.choice("abcdefghijklmnopqrstuvwxyz")
+    letters = list(word)
+    for _ in range(20):
+        choice.shuffle(letters)
+        if "".join(letters) not in allowed_words():
+            return "".join(letters)
+    return word[:4]
 
 
 class WordleExpert:

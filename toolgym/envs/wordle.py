@@ -154,7 +154,8 @@ class Wordle(Environment):
             possible answers still fit, among them: ..."), so every guess after the first
             has words to copy that use all the colours. The expert's demonstrations then
             play the listed word that splits the answers still fitting best. 0 (the
-            default): only the number.
+            default): only the number. A refused word's error repeats the known-letters
+            and hint lines of the last feedback (when they are on).
         demo_refusals: The share of the expert's demonstrations (chosen by the answer) that
             show one refused word (a word of four or six letters, or five letters not in the
             list, made from another answer) before one of the guesses after the first, the

@@ -249,7 +249,8 @@ def test_demo_refusals_show_a_refused_word_the_warm_up_does_not_learn() -> None:
     prompt = [{"role": "user", "content": "Play Wordle with the guess tool."}]
     rows = [{"prompt": prompt, "answer": a} for a in answers[:4]]
     make = lambda: Wordle(hints=20, hint_sample=8, demo_refusals=1.0)  # noqa: E731
-    for demo in demonstrations(make, rows, tiny_tokenizer(), parser="hermes"):
+    tokenizer = tiny_tokenizer()
+    for demo in demonstrations(make, rows, tokenizer, parser="hermes"):
         calls = [m for m in demo.messages if m["role"] == "assistant"]
         failed = [m.get("failure") for m in demo.messages if m["role"] == "tool"]
         assert len(calls) == len(failed) and failed.count("tool_error") == 1
@@ -264,6 +265,6 @@ def test_demo_refusals_show_a_refused_word_the_warm_up_does_not_learn() -> None:
             for c, f in zip(calls, failed, strict=True)
             if f
         )
-        text = [tiny_tokenizer().decode(ids) for ids in learned]
+        text = [tokenizer.decode(ids) for ids in learned]
         assert not any(refused_word in t for t in text)
         assert sum("guess" in t for t in text) == len(calls) - 1

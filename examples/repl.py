@@ -47,6 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--eval-problems", type=int, default=32)
     parser.add_argument("--sandbox", default="process", help="process, docker, auto or local")
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=fast_bf16())
+    parser.add_argument(
+        "--step-rewards", default="return", choices=["return", "tokens", "ignore"],
+        help="where a raising line's -0.3 goes: the whole episode's return, or that line's tokens",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-staleness", type=int, default=0,
+        help="policy versions an episode may lag (partial rollouts; vLLM engines only)",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-dir", default="runs/repl")
     parser.add_argument("--time-budget", type=parse_duration, default="20m")
@@ -75,7 +83,8 @@ def config_from(args: argparse.Namespace) -> GRPOConfig:
         limits=AgentLimits(max_turns=10, max_new_tokens=32, max_episode_tokens=320),
         temperature=1.0,
         sandbox=args.sandbox,
-        step_rewards="return",
+        step_rewards=args.step_rewards,
+        max_staleness=args.max_staleness,
         save_steps=0,
         verbose=args.verbose,
     )

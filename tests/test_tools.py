@@ -85,6 +85,91 @@ def test_choices_in_docstring_become_an_enum():
     assert props["colour"]["description"] == "The colour to pick."
 
 
+class Napoleon:
+    """A plain class documented as Sphinx's napoleon (and BFCL's tool classes) write it."""
+
+    def reset(self, **kwargs) -> None:
+        pass
+
+    def move(self, source: str, destination: str, overwrite: bool = False) -> str:
+        """Move a file.
+
+        Args:
+            source (str): The file to move.
+            destination (str): Where it goes; a folder keeps the name,
+                as mv (1) does: see its manual (section 1).
+            overwrite (bool, optional): Replace a file already there. Defaults to False.
+
+        Returns:
+            result (str): What happened.
+        """
+        return source
+
+    def count(self, path: str, limit: int = 10) -> int:
+        """Count the files under a folder.
+
+        Parameters:
+            path (Dict[str, int]): The folder.
+            limit (int): Count at most this many. (choices: [10, 100])
+        """
+        return limit
+
+
+class Plain:
+    """The same tools with `name: text` entries."""
+
+    def reset(self, **kwargs) -> None:
+        pass
+
+    def move(self, source: str, destination: str, overwrite: bool = False) -> str:
+        """Move a file.
+
+        Args:
+            source: The file to move.
+            destination: Where it goes; a folder keeps the name,
+                as mv (1) does: see its manual (section 1).
+            overwrite: Replace a file already there. Defaults to False.
+
+        Returns:
+            result (str): What happened.
+        """
+        return source
+
+    def count(self, path: str, limit: int = 10) -> int:
+        """Count the files under a folder.
+
+        Args:
+            path: The folder.
+            limit: Count at most this many. (choices: [10, 100])
+        """
+        return limit
+
+
+def test_typed_argument_entries_give_the_schema_of_plain_ones():
+    """`name (type): text` and `name (type, optional): text` entries (and a `Parameters:`
+    header) read as `name: text` would; a continuation line that looks like an entry stays
+    text; the type and whether it is required come from the signature either way."""
+    from transformers.utils import get_json_schema
+
+    from toolgym.envs.docstrings import plain_args_docstring, with_plain_args
+
+    for cls in (Napoleon, Plain, type("NapoleonEnv", (toolgym.Environment, Napoleon), {})):
+        tools = {t["function"]["name"]: t["function"] for t in toolgym.as_environment(cls()).tools}
+        move, count = tools["move"]["parameters"], tools["count"]["parameters"]
+        assert move["required"] == ["source", "destination"], cls
+        assert move["properties"]["destination"]["description"] == (
+            "Where it goes; a folder keeps the name, as mv (1) does: see its manual (section 1)."
+        )
+        assert move["properties"]["overwrite"]["type"] == "boolean"
+        assert count["properties"]["path"] == {"type": "string", "description": "The folder."}
+        assert count["properties"]["limit"]["enum"] == [10, 100]
+    assert tool_table(Napoleon)["move"].schema == tool_table(Plain)["move"].schema
+    assert with_plain_args(Plain.move) is Plain.move  # nothing to rewrite: TRL's reading
+    assert get_json_schema(with_plain_args(Napoleon.count)) == get_json_schema(Plain.count)
+    doc = "Do.\n\nArgs:\n    x (int): An x.\n\nReturns:\n    y (int): A y."
+    assert plain_args_docstring(doc) == "Do.\n\nArgs:\n    x: An x.\n\nReturns:\n    y (int): A y."
+
+
 def test_private_methods_and_base_api_are_not_tools():
     names = {t["function"]["name"] for t in toolgym.as_environment(Tricky()).tools}
     assert "_helper" not in names

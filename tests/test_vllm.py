@@ -505,3 +505,4 @@ def test_server_stop_strings_and_inline_episodes(vllm_server):
         assert_stop_strings_and_inline_episodes_work(engine, tokenizer)
     finally:
         engine.close()
+    assert not engine.weights_dir.exists(), "the weights folder the engine made outlived it"

@@ -2,9 +2,10 @@
 
 The schema comes from the type hints and the Google-style docstring through
 `transformers.utils.get_json_schema` (the same parser chat templates rely on), with the
-defaults added. Arguments are checked and coerced by a pydantic model built from the same
-signature, so `"42"` becomes `42` for an `int` parameter and a wrong or missing argument gives
-a message the model can act on.
+defaults added; `Args:` entries written `name (type): text` are read too (`docstrings`).
+Arguments are checked and coerced by a pydantic model built from the same signature, so
+`"42"` becomes `42` for an `int` parameter and a wrong or missing argument gives a message
+the model can act on.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Callable, Set
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, get_type_hints
 
+from toolgym.envs.docstrings import with_plain_args
 from toolgym.envs.protocol import (
     HOOK_NAMES,
     METHOD_HOOKS,
@@ -91,12 +93,13 @@ def make_tool(function: Callable[..., Any], owner: str = "", trl_schema: bool = 
     )
 
     try:
-        schema = get_json_schema(function)
+        schema = get_json_schema(with_plain_args(function))
     except (DocstringParsingException, TypeHintParsingException) as error:
         raise ToolSchemaError(
             f"{qualified} is a public method, so toolgym exposes it as a tool, but its schema "
             f"cannot be built: {error}. Give it type hints and a Google-style docstring "
-            f"(a summary line and an `Args:` entry per parameter), or rename it "
+            f"(a summary line and an `Args:` entry per parameter: `name: text` or "
+            f"`name (type): text`), or rename it "
             f"`_{function.__name__}` to keep it private."
         ) from None
     if not trl_schema:

@@ -21,6 +21,7 @@ through vLLM's own weight-transfer API to servers started with the matching
 from __future__ import annotations
 
 import re
+import shutil
 import tempfile
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -44,7 +45,7 @@ class VLLMServerEngine:
         model: The served model name; by default the first one `/v1/models` lists.
         context_length: Defaults to the served model's `max_model_len`.
         weights_dir: Where `update_weights` writes weights for the servers to read
-            (`weight_sync="folder"`).
+            (`weight_sync="folder"`); by default a temporary folder, removed by `close`.
         weight_sync: How servers get new weights: `"folder"`, `"toolgym-gloo"` or `"nccl"`
             (see `toolgym.agents.engines.server_sync`).
         timeout: Seconds to wait for one HTTP request.
@@ -79,6 +80,7 @@ class VLLMServerEngine:
         urls = base_url.split(",") if isinstance(base_url, str) else list(base_url)
         self.timeout = timeout
         self.weights_dir = Path(weights_dir or tempfile.mkdtemp(prefix="toolgym-weights-"))
+        self._owns_weights_dir = weights_dir is None  # a folder it made, it removes on close
         self.weight_sync = make_weight_sync(weight_sync, self.weights_dir, timeout)
         self.pool = ServerPool(
             [url.strip().rstrip("/") for url in urls if url.strip()],
@@ -96,6 +98,8 @@ class VLLMServerEngine:
             served = call_json(up[0].url, "GET", "/v1/models", timeout=timeout)["data"][0]
         except BaseException:
             self.pool.close()
+            if self._owns_weights_dir:
+                shutil.rmtree(self.weights_dir, ignore_errors=True)
             raise
         self.model = model or served["id"]
         self.context_length = int(context_length or served.get("max_model_len") or 4096)
@@ -180,9 +184,12 @@ class VLLMServerEngine:
         return found
 
     def close(self) -> None:
-        """Stop the client's threads (the servers keep running; they belong to their owner)."""
+        """Stop the client's threads (the servers keep running; they belong to their owner)
+        and remove the weights folder if the engine made it."""
         self._threads.shutdown(wait=False, cancel_futures=True)
         self.pool.close()
+        if self._owns_weights_dir:
+            shutil.rmtree(self.weights_dir, ignore_errors=True)
 
 
 COUNTED = ("hits", "queries")

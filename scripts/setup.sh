@@ -39,5 +39,10 @@ if [ ! -d .bench/site/trl ]; then
     "${pip[@]}" --no-deps --target .bench/site "trl==$("$VENV/bin/python" -c \
         'import sys; sys.path.insert(0, "bench"); import trl_peer; print(trl_peer.TRL_VERSION)')"
 fi
+# BFCL's tool classes (bfcl-eval), beside the project as TRL is: tests/test_bfcl_classes.py uses
+# its multi-turn classes unchanged (--no-deps: they import only mpmath, which torch brings).
+if [ ! -d .bench/site/bfcl_eval ]; then
+    "${pip[@]}" --no-deps --target .bench/site "bfcl-eval==2026.3.23"
+fi
 touch "$stamp"
 echo "toolgym installed in $VENV"

@@ -11,6 +11,13 @@ import toolgym
 from toolgym.envs.python_repl import PythonREPL
 
 
+class Unprintable:
+    """A tool result that is not JSON and whose `str()` fails."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
 class Misbehaving(toolgym.Environment):
     """Each tool does one thing a sandbox must survive."""
 
@@ -100,8 +107,8 @@ class Misbehaving(toolgym.Environment):
         return {"word": word, "letters": len(word)}
 
     def unserialisable(self) -> str:
-        """Return something that is not JSON."""
-        return object()  # type: ignore[return-value]
+        """Return something that is neither JSON nor text."""
+        return Unprintable()  # type: ignore[return-value]
 
 
 class Prober(toolgym.Environment):

@@ -34,11 +34,18 @@ def test_a_list_of_functions_is_an_environment():
     assert env.tools[0]["function"]["parameters"]["required"] == ["a", "b"]
     assert env.reset(seed=0, question="anything") is None
     step = env.step(
-        [toolgym.ToolCall("add", {"a": 2, "b": "3"}), toolgym.ToolCall("shout", {"text": "hi"})]
+        [toolgym.ToolCall("add", {"a": 2, "b": 3}), toolgym.ToolCall("shout", {"text": "hi"})]
     )
     assert [m["content"] for m in step.messages] == ["5", "HI"]
-    bad = env.step(toolgym.ToolCall("add", {"a": "two", "b": 1}))
-    assert "a" in bad.messages[0]["content"] and not bad.results[0].ok
+    # values reach the function as sent, as TRL passes them (no "3" -> 3): its error, as TRL's
+    bad = env.step(toolgym.ToolCall("add", {"a": 2, "b": "3"}))
+    assert bad.messages[0]["content"] == str(
+        {"error": "unsupported operand type(s) for +: 'int' and 'str'"}
+    )
+    assert bad.results[0].failure == "tool_exception"
+    missing = env.step(toolgym.ToolCall("add", {"a": 2}))
+    assert "missing required argument 'b'" in missing.messages[0]["content"]
+    assert missing.results[0].failure == "invalid_arguments"
     assert env.get_reward() is None  # reward functions score such an episode
 
 

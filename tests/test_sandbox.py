@@ -205,7 +205,7 @@ def test_megabytes_of_output_and_unserialisable_results(misbehaving):
     bad = call(misbehaving, "unserialisable")
     assert (
         bad.results[0].failure == "bad_result"
-        and "cannot be converted to JSON" in (bad.messages[0]["content"])
+        and "is not JSON and cannot be shown as text" in (bad.messages[0]["content"])
     )
     repl = toolgym.make("PythonREPL-v0", sandbox=misbehaving.backend)
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from decimal import Decimal
 
 import pytest
 from hypothesis import given, settings
@@ -12,6 +13,11 @@ from hypothesis import strategies as st
 
 import toolgym
 from toolgym import MalformedToolCall, ToolCall
+
+
+class Unprintable:
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
 
 
 class Counter(toolgym.Environment):
@@ -45,8 +51,12 @@ class Counter(toolgym.Environment):
         raise toolgym.ToolError("not like that")
 
     def unserialisable(self) -> object:
-        """Returns something that is not JSON."""
-        return object()
+        """Returns something that is neither JSON nor text."""
+        return Unprintable()
+
+    def exact(self) -> object:
+        """Returns numbers that are not JSON."""
+        return Decimal("0.1")
 
     def report(self) -> dict:
         """Returns structured data."""
@@ -117,7 +127,7 @@ def test_openai_style_dict_and_call_id(env):
         (ToolCall("add", "[1]"), "invalid_arguments", "must be a JSON object"),
         (ToolCall("crash"), "tool_exception", "crash raised KeyError: 'boom'"),
         (ToolCall("refuse"), "tool_error", "Error: not like that"),
-        (ToolCall("unserialisable"), "bad_result", "cannot be converted to JSON"),
+        (ToolCall("unserialisable"), "bad_result", "is not JSON and cannot be shown as text"),
         (MalformedToolCall("<tool_call>{", "invalid JSON"), "malformed", "could not parse"),
         ({"arguments": {}}, "malformed", "needs a 'name'"),
         ("not a call", "malformed", "needs a 'name'"),
@@ -129,6 +139,12 @@ def test_bad_calls_become_error_messages(env, call, kind, fragment):
     assert content.startswith("Error")
     assert info["tool_failures"] == 1
     assert info["failures"][0]["kind"] == kind
+
+
+def test_a_result_that_is_not_json_shows_as_str_shows_it(env):
+    """As TRL and BFCL show results (BFCL's `logarithm` returns an mpmath number)."""
+    content, info = one(env, ToolCall("exact"))
+    assert content == "0.1" and info["tool_failures"] == 0
 
 
 def test_invalid_arguments_message_shows_the_expected_signature(env):

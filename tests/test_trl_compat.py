@@ -57,8 +57,11 @@ def test_trl_style_class_runs_unchanged():
         == "Reach exactly 5."
     )
     assert [t["function"]["name"] for t in env.tools] == ["increment", "peek"]
-    result = env.step([ToolCall("increment", {"step": 2}), ToolCall("increment", '{"step": "3"}')])
+    result = env.step([ToolCall("increment", {"step": 2}), ToolCall("increment", '{"step": 3}')])
     assert [m["content"] for m in result.messages] == ["2", "5"]
+    # arguments reach the tool as sent, as TRL passes them: "3" stays a string
+    sent = env.step(ToolCall("increment", {"step": "3"})).messages[0]["content"]
+    assert sent == str({"error": "'<=' not supported between instances of 'str' and 'int'"})
     # TRL reads the reward once, when the episode ends: no per-step change is reported
     assert result.reward == 0.0 and env.get_reward() == 1.0
     bad = env.step(ToolCall("increment", {"step": -1}))

@@ -55,6 +55,11 @@ class Environment:
     it often is free; a subclass whose `reward` is computed when read (a verifier run once, on
     first access) sets this False: the reward is then read once, when the episode ends, as for
     a plain class (TRL's contract)."""
+    strict_arguments: ClassVar[bool] = False
+    """Set True to pass a call's arguments to the tools as the model sent them (JSON values,
+    as TRL and BFCL pass them), checking only their names: no `"42"` -> `42` coercion and no
+    type check. Plain (TRL-shaped) classes get this by default; they set it False for
+    toolgym's checks (`toolgym.envs.tools`)."""
     inline_markers: ClassVar[tuple[str, ...]] = ()
     """Markers of the inline protocol (`toolgym.envs.inline`): when not empty, the model writes
     in one assistant turn, generation stops after each marker and `inline_step` answers the

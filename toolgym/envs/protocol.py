@@ -78,6 +78,11 @@ HOOKS: dict[str, Hook] = {
             False,
         ),
         Hook(
+            "strict_arguments",
+            "reads `strict_arguments` as whether tool arguments reach the tools as sent",
+            False,
+        ),
+        Hook(
             "seed_global_random",
             "reads `seed_global_random` as whether to seed the random module",
             False,

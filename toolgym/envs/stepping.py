@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import inspect
 import time
+import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
@@ -702,19 +703,41 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def as_environment(obj: Any) -> Stepper:
+def as_environment(obj: Any, reset: Callable[..., Any] | None = None) -> Stepper:
     """What the agent and trainers step: a `Stepper` as it is; a list of plain tool functions
     as a stateless environment (`toolgym.envs.functions`); an `Environment` or any other object
     with `reset` and public methods, in a `Stepper`. The tool table is built here, from the
     instance (tools it bound in `__init__` included), so a method that cannot be a tool, or
-    that clashes with a protocol hook, fails now, naming it."""
+    that clashes with a protocol hook, fails now, naming it.
+
+    `reset`: for an instance whose class has no `reset` (BFCL's tool classes load a scenario
+    with `_load_scenario(initial_config)`), a function `reset(instance, **columns)` that starts
+    its episodes, bound to the instance as its `reset` (the row's columns it names reach it, as
+    for a method). In this process only: a sandbox builds the instance from its class, so there
+    the class needs a `reset` of its own (a subclass in a module)."""
     if isinstance(obj, Stepper):
+        if reset is not None:
+            raise TypeError("reset= is for an instance, not an environment already stepped")
         return obj
     if is_function_list(obj):  # plain tool functions, as TRL's `tools=[...]`
         obj = function_tools(obj)
+    if reset is not None:
+        _bind_reset(obj, reset)
     stepper = Stepper(LocalExecutor(obj))
     stepper.table  # noqa: B018 (built now, from the instance: a bad method fails here)
     return stepper
+
+
+def _bind_reset(instance: Any, reset: Callable[..., Any]) -> None:
+    """Set `reset` on `instance` as its bound `reset` method; refuse an instance that has one."""
+    if not callable(reset):
+        raise TypeError(f"reset= must be a function reset(instance, **columns), not {reset!r:.60}")
+    if callable(getattr(instance, "reset", None)):
+        raise TypeError(
+            f"{type(instance).__name__} has a reset() of its own; reset= is for a class "
+            "without one (toolgym does not guess which of the two should start episodes)"
+        )
+    instance.reset = types.MethodType(reset, instance)
 
 
 def trl_shaped(env: Any) -> bool:

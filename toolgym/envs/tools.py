@@ -55,6 +55,9 @@ class Tool:
     ends_episode: bool = False
     """Marked with `ends_episode`: a successful call is the model's answer and ends the
     episode (status `finished`)."""
+    strict: bool = False
+    """Arguments reach the function as the model sent them (only their names are checked);
+    see `strict_arguments`."""
 
     @property
     def signature(self) -> str:
@@ -70,7 +73,10 @@ class Tool:
         return f"{self.name}({', '.join(parts)})"
 
     def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
-        """Check and coerce `arguments`; raise ToolArgumentError with a readable reason."""
+        """Check and coerce `arguments` (a strict tool: check their names only); raise
+        ToolArgumentError with a readable reason."""
+        if self.strict:
+            return _names_checked(arguments, self.schema["function"]["parameters"])
         try:
             parsed = self.arguments_model.model_validate(arguments)
         except _pydantic().ValidationError as error:
@@ -80,10 +86,12 @@ class Tool:
         return {name: getattr(parsed, name) for name in type(parsed).model_fields}
 
 
-def make_tool(function: Callable[..., Any], owner: str = "", trl_schema: bool = False) -> Tool:
+def make_tool(
+    function: Callable[..., Any], owner: str = "", trl_schema: bool = False, strict: bool = False
+) -> Tool:
     """Build a Tool from a method or function; `owner` names its class in error messages.
     `trl_schema`: the schema exactly as TRL builds it (`get_json_schema`, its `return` kept,
-    no defaults added), for classes written for TRL."""
+    no defaults added), for classes written for TRL. `strict`: see `Tool.strict`."""
     qualified = f"{owner}.{function.__name__}" if owner else function.__name__
     parameters = _tool_parameters(function, qualified)
     from transformers.utils import get_json_schema
@@ -114,7 +122,28 @@ def make_tool(function: Callable[..., Any], owner: str = "", trl_schema: bool = 
         schema=schema,
         arguments_model=_arguments_model(function, parameters, qualified),
         ends_episode=marked_ends_episode(function),
+        strict=strict,
     )
+
+
+def strict_arguments(cls: type) -> bool:
+    """Whether `cls`'s tools take arguments as sent (`Environment.strict_arguments`; a plain
+    class, written for TRL, by default, as TRL passes them)."""
+    return bool(getattr(cls, "strict_arguments", not is_environment_class(cls)))
+
+
+def _names_checked(arguments: dict[str, Any], parameters: dict[str, Any]) -> dict[str, Any]:
+    """`arguments` as they are, if each required parameter is there and no other name."""
+    known = parameters.get("properties") or {}
+    problems = [
+        f"missing required argument '{name}'"
+        for name in parameters.get("required", [])
+        if name not in arguments
+    ]
+    problems += [f"unexpected argument '{name}'" for name in arguments if name not in known]
+    if problems:
+        raise ToolArgumentError("; ".join(problems))
+    return dict(arguments)
 
 
 _ENDS_EPISODE = "__toolgym_ends_episode__"
@@ -214,8 +243,9 @@ def tool_table(cls: type) -> dict[str, Tool]:
     if cached is not None and cached[0] == fingerprint:
         return cached[1]
     trl_schema = not is_environment_class(cls)  # written for TRL: its schemas, as TRL's
+    strict = strict_arguments(cls)
     table = {
-        name: make_tool(function, owner=cls.__name__, trl_schema=trl_schema)
+        name: make_tool(function, owner=cls.__name__, trl_schema=trl_schema, strict=strict)
         for name, function in tool_methods(cls).items()
     }
     _tables[cls] = (fingerprint, table)
@@ -285,7 +315,9 @@ def instance_tools(instance: object) -> dict[str, Tool]:
         if not environment and name in HOOK_NAMES:
             check_hook(cls, name, method)
             continue
-        tool = make_tool(method, owner=cls.__name__, trl_schema=not environment)
+        tool = make_tool(
+            method, owner=cls.__name__, trl_schema=not environment, strict=strict_arguments(cls)
+        )
         if tool.name != name:
             tool.schema["function"]["name"] = name
             tool = dataclasses.replace(tool, name=name)
@@ -308,7 +340,7 @@ def render_trl_result(value: Any) -> str:
     blocks as its texts, as for any class), valid Unicode."""
     if _is_content_blocks(value):
         return render_result(value)
-    return valid_text(str(value))
+    return _as_text(value)
 
 
 def render_trl_error(message: str) -> str:
@@ -319,9 +351,10 @@ def render_trl_error(message: str) -> str:
 def render_result(value: Any) -> str:
     """Tool return value -> message content: strings as they are, a list of content blocks
     (TRL's and MCP's `[{"type": "text", "text": ...}, ...]`) as its texts joined by newlines,
-    everything else as JSON; either way valid Unicode (see `valid_text`). A block of media
-    raises `UnrenderableResult` (tool calls and MCP results take images apart first:
-    `image_blocks`)."""
+    everything else as JSON, or as `str()` shows it where it is not JSON (a `Decimal`, a set,
+    a dataclass: as TRL and BFCL show results); either way valid Unicode (see `valid_text`). A
+    block of media raises `UnrenderableResult` (tool calls and MCP results take images apart
+    first: `image_blocks`); a value `str()` fails on raises TypeError."""
     if isinstance(value, str):
         return valid_text(value)
     if _is_content_blocks(value):
@@ -335,11 +368,20 @@ def render_result(value: Any) -> str:
         return valid_text("\n".join(str(b.get("text", "")) for b in value))
     try:
         return valid_text(json.dumps(value, ensure_ascii=False))
-    except (TypeError, ValueError, RecursionError) as error:
+    except (TypeError, ValueError, RecursionError):
+        return _as_text(value)  # not JSON
+
+
+def _as_text(value: Any) -> str:
+    """`str(value)` as valid Unicode; TypeError naming the type where `str()` fails."""
+    try:
+        text = str(value)
+    except Exception as error:  # a result's own __str__ may raise anything
         raise TypeError(
-            f"the tool returned a {type(value).__name__}, which cannot be converted to JSON "
-            f"({error}); return a string or JSON-compatible data"
+            f"the tool returned a {type(value).__name__}, which is not JSON and cannot be "
+            f"shown as text ({type(error).__name__}: {error}); return a string or JSON data"
         ) from None
+    return valid_text(text)
 
 
 IMAGE_TYPES = frozenset({"image", "image_url", "input_image"})

@@ -7,6 +7,7 @@ from typing import Literal
 import pytest
 
 import toolgym
+from toolgym import ToolCall
 from toolgym.envs.tools import make_tool, tool_table
 
 
@@ -168,6 +169,68 @@ def test_typed_argument_entries_give_the_schema_of_plain_ones():
     assert get_json_schema(with_plain_args(Napoleon.count)) == get_json_schema(Plain.count)
     doc = "Do.\n\nArgs:\n    x (int): An x.\n\nReturns:\n    y (int): A y."
     assert plain_args_docstring(doc) == "Do.\n\nArgs:\n    x: An x.\n\nReturns:\n    y (int): A y."
+
+
+SCHEMA = {
+    "description": "Move a file.",
+    "parameters": {
+        "type": "object",
+        "properties": {
+            "source": {"type": "string", "description": "The file."},
+            "times": {"type": "integer", "minimum": 1},
+        },
+        "required": ["source"],
+    },
+}
+
+
+class Given(toolgym.Environment):
+    @toolgym.tool_schema(SCHEMA)
+    def move(self, source, times=1):  # no type hints, no docstring: the schema says it all
+        return f"{source} x{times}"
+
+
+def test_a_given_schema_is_the_tools_schema_and_checks_its_arguments():
+    env = toolgym.as_environment(Given())
+    env.reset(seed=0)
+    (tool,) = env.tools
+    assert tool == {"type": "function", "function": {"name": "move", **SCHEMA}}
+    assert env.step(ToolCall("move", {"source": "a", "times": "3"})).messages[0]["content"] == (
+        "a x3"
+    )
+    bad = env.step(ToolCall("move", {"source": "a", "times": 0}))
+    assert bad.results[0].failure == "invalid_arguments"
+    assert "times: 0 is less than the minimum of 1" in bad.messages[0]["content"]
+    strict = toolgym.as_environment(type("Strict", (Given,), {"strict_arguments": True})())
+    strict.reset(seed=0)
+    assert strict.step(ToolCall("move", {"source": 5})).messages[0]["content"] == "5 x1"
+    assert (
+        "unexpected argument 'to'"
+        in strict.step(ToolCall("move", {"source": "a", "to": "b"})).messages[0]["content"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("schema", "message"),
+    [
+        ({"name": "copy", **SCHEMA}, "names another tool"),
+        ({"parameters": {"type": "array"}}, "must be an object schema"),
+        ({"parameters": {"type": "object", "properties": {"x": {"type": 3}}}}, "no JSON Schema"),
+        ({"parameters": {"type": "object", "properties": {}}}, "leaves out 'source'"),
+        (
+            {"parameters": {"type": "object", "properties": {"source": {}, "dest": {}}}},
+            "names 'dest', which the function does not take",
+        ),
+    ],
+)
+def test_a_given_schema_that_does_not_fit_is_refused_naming_why(schema, message):
+    class Wrong(toolgym.Environment):
+        @toolgym.tool_schema(schema)
+        def move(self, source, times=1):
+            return source
+
+    with pytest.raises(toolgym.ToolSchemaError, match=message):
+        toolgym.as_environment(Wrong())
 
 
 def test_private_methods_and_base_api_are_not_tools():

@@ -34,7 +34,13 @@ if TYPE_CHECKING:  # the public names: type checkers read them, and lazy_exports
     from toolgym.envs.mcp import mcp
     from toolgym.envs.openenv import openenv
     from toolgym.envs.stepping import Steppable, Stepper, as_environment
-    from toolgym.envs.tools import ProtocolClashError, ToolSchemaError, ends_episode, hook
+    from toolgym.envs.tools import (
+        ProtocolClashError,
+        ToolSchemaError,
+        ends_episode,
+        hook,
+        tool_schema,
+    )
     from toolgym.gym import GymnasiumEnv
     from toolgym.registry import (
         EnvSpec,

@@ -47,7 +47,7 @@ from toolgym.envs.inline import InlineStep
 from toolgym.envs.mcp_session import MCPSession, Server, is_url, server_argv
 from toolgym.envs.rows import rows_builder
 from toolgym.envs.stepping import Executor, Stepper
-from toolgym.envs.tools import Tool, ToolArgumentError, image_blocks, render_result
+from toolgym.envs.tools import SchemaTool, Tool, image_blocks, render_result
 
 
 class ServerGone(RuntimeError):
@@ -335,21 +335,8 @@ class MCPEnvironment(Executor):
             session.close()
 
 
-class MCPTool(Tool):
+class MCPTool(SchemaTool):
     """A server's tool: its schema as listed; arguments checked by JSON Schema."""
-
-    def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
-        import jsonschema
-
-        parameters = self.schema["function"]["parameters"]
-        arguments = _coerced(arguments, parameters.get("properties") or {})
-        errors = sorted(
-            jsonschema.Draft202012Validator(parameters).iter_errors(arguments),
-            key=lambda e: list(e.path),
-        )
-        if errors:
-            raise ToolArgumentError("; ".join(_describe(error) for error in errors[:3]))
-        return arguments
 
 
 def mcp_tool(listed: Any) -> MCPTool:
@@ -433,30 +420,6 @@ def reward_value(name: str, result: Any) -> float | None:
         return float(value)
     except (TypeError, ValueError):
         raise RuntimeError(f"the reward tool {name!r} returned {text!r}, not a number") from None
-
-
-def _coerced(arguments: dict[str, Any], properties: Mapping[str, Any]) -> dict[str, Any]:
-    """Numbers and booleans the model wrote as strings, as their type (top level only)."""
-    out = dict(arguments)
-    for name, value in arguments.items():
-        kind = (properties.get(name) or {}).get("type")
-        if not isinstance(value, str):
-            continue
-        try:
-            if kind == "integer":
-                out[name] = int(value)
-            elif kind == "number":
-                out[name] = float(value)
-            elif kind == "boolean" and value.lower() in ("true", "false"):
-                out[name] = value.lower() == "true"
-        except ValueError:
-            pass  # left as written: the schema check names it
-    return out
-
-
-def _describe(error: Any) -> str:
-    where = ".".join(str(part) for part in error.path)
-    return f"{where}: {error.message}" if where else error.message
 
 
 def _unbound(**arguments: Any) -> Any:

@@ -10,6 +10,7 @@ the model can act on.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import json
@@ -86,14 +87,65 @@ class Tool:
         return {name: getattr(parsed, name) for name in type(parsed).model_fields}
 
 
+@dataclass(frozen=True)
+class SchemaTool(Tool):
+    """A tool whose arguments its JSON Schema checks (a schema given with `tool_schema`, an
+    MCP server's listing): numbers and booleans written as strings are read as their type,
+    then every way they break the schema is named (a strict tool: their names only)."""
+
+    def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        import jsonschema
+
+        parameters = self.schema["function"]["parameters"]
+        if self.strict:
+            return _names_checked(arguments, parameters)
+        arguments = _coerced(arguments, parameters.get("properties") or {})
+        errors = sorted(
+            jsonschema.Draft202012Validator(parameters).iter_errors(arguments),
+            key=lambda e: list(e.path),
+        )
+        if errors:
+            raise ToolArgumentError("; ".join(_describe_schema_error(e) for e in errors[:3]))
+        return dict(arguments)
+
+
+_SCHEMA = "__toolgym_schema__"
+
+
+def tool_schema(schema: dict[str, Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a tool its JSON schema instead of reading its type hints and docstring: a decorator
+    taking `{"description": ..., "parameters": {JSON Schema of an object}}` (OpenAI's
+    `{"type": "function", "function": {...}}` too; a `name`, if given, must be the method's).
+    The parameters must be the function's own (the schema may leave out those with defaults);
+    arguments are checked against the schema (`SchemaTool`). For a suite that ships its
+    functions' documentation apart from their code (BFCL's function docs)."""
+
+    def mark(function: Callable[..., Any]) -> Callable[..., Any]:
+        setattr(function, _SCHEMA, schema)
+        return function
+
+    return mark
+
+
 def make_tool(
     function: Callable[..., Any], owner: str = "", trl_schema: bool = False, strict: bool = False
 ) -> Tool:
     """Build a Tool from a method or function; `owner` names its class in error messages.
     `trl_schema`: the schema exactly as TRL builds it (`get_json_schema`, its `return` kept,
-    no defaults added), for classes written for TRL. `strict`: see `Tool.strict`."""
+    no defaults added), for classes written for TRL. `strict`: see `Tool.strict`. A schema
+    given with `tool_schema` is used as it is."""
     qualified = f"{owner}.{function.__name__}" if owner else function.__name__
     parameters = _tool_parameters(function, qualified)
+    given = getattr(function, _SCHEMA, None)
+    if given is not None:
+        return SchemaTool(
+            name=function.__name__,
+            function=function,
+            schema=_given_schema(given, function, parameters, qualified),
+            arguments_model=_pydantic().BaseModel,  # unused: the schema checks the arguments
+            ends_episode=marked_ends_episode(function),
+            strict=strict,
+        )
     from transformers.utils import get_json_schema
     from transformers.utils.chat_template_utils import (
         DocstringParsingException,
@@ -540,6 +592,68 @@ def _check_shape(arguments: dict[str, Any]) -> None:
 
 def _too_large(size: int) -> str:
     return f"the arguments are too large ({size} characters or more; at most {MAX_ARGUMENT_SIZE})"
+
+
+def _given_schema(
+    given: Any, function: Callable[..., Any], params: list[inspect.Parameter], qualified: str
+) -> dict[str, Any]:
+    """A schema given with `tool_schema`, in OpenAI's function form, checked against the
+    function's signature and JSON Schema itself (ToolSchemaError naming what is wrong)."""
+    import jsonschema
+
+    body = given.get("function", given) if isinstance(given, dict) else None
+    if not isinstance(body, dict):
+        raise ToolSchemaError(f"{qualified}: tool_schema takes a dict, not {given!r:.60}")
+    body = copy.deepcopy(body)
+    name = body.setdefault("name", function.__name__)
+    if name != function.__name__:
+        raise ToolSchemaError(f"{qualified}: its given schema names another tool ({name!r})")
+    body.setdefault("description", (inspect.getdoc(function) or "").split("\n\n")[0])
+    parameters = body.setdefault("parameters", {"type": "object", "properties": {}})
+    try:
+        jsonschema.Draft202012Validator.check_schema(parameters)
+    except jsonschema.SchemaError as error:
+        raise ToolSchemaError(
+            f"{qualified}: its given parameters are no JSON Schema: {error.message}"
+        ) from None
+    if not isinstance(parameters, dict) or parameters.get("type") != "object":
+        raise ToolSchemaError(f"{qualified}: its given parameters must be an object schema")
+    properties = parameters.get("properties") or {}
+    own = {param.name for param in params}
+    problems = [f"it names {name!r}, which the function does not take" for name in properties]
+    problems = [p for name, p in zip(properties, problems, strict=True) if name not in own]
+    for param in params:
+        if param.default is inspect.Parameter.empty and param.name not in properties:
+            problems.append(f"it leaves out {param.name!r}, which has no default")
+    if problems:
+        raise ToolSchemaError(
+            f"{qualified}: its given schema does not fit its signature: {'; '.join(problems)}"
+        )
+    return {"type": "function", "function": body}
+
+
+def _coerced(arguments: dict[str, Any], properties: Any) -> dict[str, Any]:
+    """Numbers and booleans the model wrote as strings, as their type (top level only)."""
+    out = dict(arguments)
+    for name, value in arguments.items():
+        kind = (properties.get(name) or {}).get("type")
+        if not isinstance(value, str):
+            continue
+        try:
+            if kind == "integer":
+                out[name] = int(value)
+            elif kind == "number":
+                out[name] = float(value)
+            elif kind == "boolean" and value.lower() in ("true", "false"):
+                out[name] = value.lower() == "true"
+        except ValueError:
+            pass  # left as written: the schema check names it
+    return out
+
+
+def _describe_schema_error(error: Any) -> str:
+    where = ".".join(str(part) for part in error.path)
+    return f"{where}: {error.message}" if where else error.message
 
 
 def _tool_parameters(function: Callable[..., Any], qualified: str) -> list[inspect.Parameter]:

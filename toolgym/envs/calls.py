@@ -292,17 +292,6 @@ def as_call_list(
     return [_as_call(call) for call in tool_calls]
 
 
-def tool_call_from_json(text: str) -> ToolCall | MalformedToolCall:
-    """`{"name": ..., "arguments": {...}}` (or `"parameters"`) text -> a call, or why not."""
-    try:
-        decoded = json.loads(text)
-    except json.JSONDecodeError as error:
-        return MalformedToolCall(text, f"invalid JSON ({error.msg} at position {error.pos})")
-    except (ValueError, RecursionError) as error:  # digit limit, nesting past the stack
-        return MalformedToolCall(text, f"unreadable JSON ({type(error).__name__})")
-    return tool_call_from_dict(decoded, text)
-
-
 def tool_call_from_dict(data: Any, text: str | None = None) -> ToolCall | MalformedToolCall:
     """A decoded `{"name": ..., "arguments": {...}}` -> a call, or why not.
 

@@ -42,8 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from toolgym.envs.calls import Demonstration, ToolCall, ToolResult
-from toolgym.envs.inline import InlineStep
+from toolgym.envs.calls import ToolCall, ToolResult
 from toolgym.envs.mcp_session import MCPSession, Server, is_url, server_argv
 from toolgym.envs.rows import rows_builder
 from toolgym.envs.stepping import Executor, Stepper
@@ -293,10 +292,6 @@ class MCPEnvironment(Executor):
             self._reward = (self._score(),)
         return self._reward[0]
 
-    def reward(self) -> float:
-        value = self.read_reward()
-        return 0.0 if value is None else value
-
     def _score(self) -> float | None:
         values: list[float | None] = []
         name = self.spec.reward_tool
@@ -310,21 +305,9 @@ class MCPEnvironment(Executor):
         numbers = [v for v in values if v is not None]
         return sum(numbers) if numbers else None
 
-    def done(self) -> bool:
-        return False
-
     def final_answer(self, text: str) -> None:
         self.episode.answer = text
         self._reward = None
-
-    def inline(self, text: str) -> InlineStep:
-        raise TypeError("an MCP server's environment speaks the chat tool-call protocol only")
-
-    def demonstration(self) -> Demonstration | None:
-        return None
-
-    def metrics(self) -> dict[str, float]:
-        return {}
 
     def close(self) -> None:
         self._close_session()

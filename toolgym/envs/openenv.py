@@ -53,8 +53,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolgym.envs.calls import Demonstration, ToolCall, ToolResult
-from toolgym.envs.inline import InlineStep
+from toolgym.envs.calls import ToolCall, ToolResult
 from toolgym.envs.mcp import MCPTool, _no_model, _unbound
 from toolgym.envs.mcp_session import submit
 from toolgym.envs.openenv_mcp import (
@@ -340,24 +339,8 @@ class OpenEnvExecutor(Executor):
             return None
         return self.rewards[-1] if self.spec.reward == "last" else sum(self.rewards)
 
-    def reward(self) -> float:
-        value = self.read_reward()
-        return 0.0 if value is None else value
-
     def done(self) -> bool:
         return self._done
-
-    def final_answer(self, text: str) -> None:
-        pass  # an OpenEnv episode ends with `done`; a final answer is the reward functions'
-
-    def inline(self, text: str) -> InlineStep:
-        raise TypeError("an OpenEnv server's environment speaks the chat tool-call protocol only")
-
-    def demonstration(self) -> Demonstration | None:
-        return None
-
-    def metrics(self) -> dict[str, float]:
-        return {}
 
     def close(self) -> None:
         client, self.client = self.client, None

@@ -13,6 +13,7 @@ sandbox room's `RemoteExecutor` in a worker process or a container.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import inspect
@@ -108,52 +109,73 @@ class Steppable(Protocol):
         ...
 
 
-class Executor(Protocol):
-    """Where an environment's state lives. Every method but `reset` may be called only after
-    `reset`; calls reach `run` / `arun` already checked against `table`.
+class Executor(abc.ABC):
+    """Where an environment's state lives, the one thing a `Stepper` steps. Every method but
+    `reset` may be called only after `reset`; calls reach `run` / `arun` already checked
+    against `tool_table()`.
 
-    Two optional methods, which the `Stepper` prefers where an executor has them (the local
-    one does): `read_reward() -> float | None` (None: the environment reports no reward) and
-    `tool_table() -> dict[str, Tool]` (the instance's tools, tools bound in `__init__`
-    included); without them, `reward()` and the class's `tool_table(target)` are used."""
+    A subclass defines `reset`, `run`, `read_reward` and `close`, and sets `target` (the
+    environment's class); the rest has defaults it overrides where its environment differs:
+    `arun` runs `run` in a thread, tools are the class's (`tool_table(target)`), the episode
+    never ends by itself (`done`), a final answer is ignored, the inline protocol is refused,
+    and there is no expert and no metric."""
 
     target: type
-    """The environment's class (its tools are `tool_table(target)`)."""
-    max_turns: int | None
+    """The environment's class (its tools are `tool_table(target)` by default)."""
+    max_turns: int | None = None
+    """The environment's own turn limit (None: none)."""
 
+    @abc.abstractmethod
     def reset(self, row: dict[str, Any]) -> str | None:
         """Start an episode from a row (its `seed` included); the first observation."""
 
+    @abc.abstractmethod
     def run(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
         """Run a checked call; its outcome as a result (a failing tool is a failed result)."""
-        ...
 
     async def arun(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
-        """`run` without blocking the event loop."""
-        ...
+        """`run` without blocking the event loop (by default in a thread)."""
+        return await asyncio.to_thread(self.run, call, arguments)
+
+    @abc.abstractmethod
+    def read_reward(self) -> float | None:
+        """The episode's reward so far; None where the environment reports none."""
 
     def reward(self) -> float:
-        """The episode's reward so far (an executor may also offer `read_reward() -> float |
-        None`, where None is "no reward"; the Stepper prefers it)."""
-        ...
+        """The reward as a number (by default None reads as 0.0)."""
+        value = self.read_reward()
+        return 0.0 if value is None else value
+
+    def tool_table(self) -> dict[str, Tool]:
+        """The tools the model sees, by name (by default the class's)."""
+        return tool_table(self.target)
+
+    def begin_episode(self) -> None:  # noqa: B027 (a default: nothing to forget)
+        """Forget the last episode's end (the `Stepper` calls it at every reset)."""
 
     def done(self) -> bool:
         """Whether the environment ended the episode."""
-        ...
+        return False
 
-    def final_answer(self, text: str) -> None:
-        """Hand the model's last message (no tool calls) to the environment to grade."""
+    def final_answer(self, text: str) -> None:  # noqa: B027 (a default: no grader to hand it)
+        """Hand the model's last message (no tool calls) to the environment to grade (by
+        default nobody: reward functions grade it)."""
 
     def inline(self, text: str) -> InlineStep:
         """The environment's `inline_step` on text the model wrote (the inline protocol)."""
+        raise TypeError(
+            f"{type(self).__name__}: this environment speaks the chat tool-call protocol only"
+        )
 
     def demonstration(self) -> Demonstration | None:
         """An expert's calls for this episode, one list per turn, or None."""
+        return None
 
     def metrics(self) -> dict[str, float]:
         """The environment's `episode_metrics()`, checked (empty when it has none)."""
-        ...
+        return {}
 
+    @abc.abstractmethod
     def close(self) -> None:
         """Release the environment and what it holds."""
 
@@ -387,9 +409,7 @@ class Stepper:
         """Clear the turn count and the last episode's end (called by `reset`)."""
         self.turn, self.truncated, self.answered, self.started = 0, False, False, True
         self.ended, self._final_reward = None, None
-        begin = getattr(self.executor, "begin_episode", None)
-        if callable(begin):
-            begin()
+        self.executor.begin_episode()
 
     @property
     def tools(self) -> list[dict[str, Any]]:
@@ -398,12 +418,9 @@ class Stepper:
 
     @property
     def table(self) -> dict[str, Tool]:
-        """The environment's tools by name: the instance's where the executor has it (tools
-        bound in `__init__` included), else its class's (built once per class)."""
-        instance_table = getattr(self.executor, "tool_table", None)
-        if callable(instance_table):
-            return instance_table()
-        return tool_table(self.executor.target)
+        """The environment's tools by name (the executor's `tool_table`: for an instance in
+        this process, tools it bound in `__init__` included)."""
+        return self.executor.tool_table()
 
     @property
     def max_turns(self) -> int | None:
@@ -438,8 +455,7 @@ class Stepper:
         "no reward" (as in TRL: no crash; a reward source with no value for an episode)."""
         if self._final_reward is not None:
             return self._final_reward[0]
-        read = getattr(self.executor, "read_reward", None)
-        value = read() if callable(read) else self.executor.reward()
+        value = self.executor.read_reward()
         if not self.reward_per_step and self.started and self._is_over() and not self.ended:
             self._final_reward = (value,)
         return value

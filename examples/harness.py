@@ -81,12 +81,12 @@ def tool_caller(steps: int = 100) -> tuple[object, object]:
     expert's games, so that it writes tool calls (the same guesses whatever the word)."""
     import torch
 
-    from toolgym.algorithms.sft import demonstrations
+    from toolgym.algorithms import demonstrations, episode_factory
     from toolgym.testing import tiny_model, tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
     rows = toolgym.spec("Wordle-v0").dataset(1, seed=2, split="train")
-    (game,) = demonstrations(lambda: toolgym.make("Wordle-v0"), rows, tokenizer, parser="hermes")
+    (game,) = demonstrations(episode_factory("Wordle-v0"), rows, tokenizer, parser="hermes")
     sequence = torch.tensor([game.prompt_ids + game.completion_ids])
     labels = sequence.clone()
     labels[0, : len(game.prompt_ids)] = -100  # the game's own turns and results, not the prompt

@@ -74,7 +74,7 @@ def test_rows_route_episodes_to_their_environment_and_tools(tmp_path):
 def test_rows_without_the_column_draw_by_weight_one_environment_per_group():
     mixture = EnvMixture({"wordle": "Wordle-v0", "sum": [add]}, weights={"wordle": 0, "sum": 1})
     row: dict = {"prompt": "Go."}
-    env = mixture.for_row(row, seed=3)
+    env = mixture(row, seed=3)
     assert row["env"] == "sum" and [t["function"]["name"] for t in env.tools] == ["add"]
     even = EnvMixture({"a": [add], "b": [add]})
     assert len({even.name_for({}, seed) for seed in range(40)}) == 2  # both are drawn
@@ -84,9 +84,7 @@ def test_rows_without_the_column_draw_by_weight_one_environment_per_group():
 def test_bad_mixtures_and_rows_are_named():
     mixture = EnvMixture({"wordle": "Wordle-v0"})
     with pytest.raises(ValueError, match="'chess'; the environments are wordle"):
-        mixture.for_row({"env": "chess"}, seed=0)
-    with pytest.raises(TypeError, match="depends on its row"):
-        mixture()
+        mixture({"env": "chess"}, seed=0)
     with pytest.raises(ValueError, match="'nope' is not among the environments"):
         EnvMixture({"wordle": "Wordle-v0"}, weights={"nope": 1.0})
     with pytest.raises(toolgym.UnknownEnvironmentError):

@@ -173,7 +173,7 @@ def test_a_grpo_step_plays_with_environments_on_both_nodes(cluster, node_b, tmp_
         nodes = {cluster.node_with("a")["NodeID"], node_b["NodeID"]}
         assert trainer.env_pool.placement() == dict.fromkeys(nodes, 2)
         played, lease = [], trainer.make_env
-        trainer.make_env = lambda: played.append(lease()) or played[-1]
+        trainer.make_env = lambda row, seed: played.append(lease(row, seed)) or played[-1]
         history = trainer.train()
         assert len(history) == 2 and len(played) == 8
         assert {env.isolation.node_id for env in played} == nodes

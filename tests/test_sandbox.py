@@ -354,7 +354,7 @@ def test_the_trainer_plays_its_rollouts_in_sandboxes(tmp_path):
     rows = list(toolgym.spec("Wordle-v0").dataset(2, seed=0))
     trainer = GRPOTrainer(tiny_model(tokenizer), "Wordle-v0", rows, args=args, tokenizer=tokenizer)
     created, make = [], trainer.make_env
-    trainer.make_env = lambda: created.append(make()) or created[-1]
+    trainer.make_env = lambda row, seed: created.append(make(row, seed)) or created[-1]
     (metrics,) = trainer.train()
     assert len(created) == 2 and all(isinstance(e, RemoteEnvironment) for e in created)
     assert "env_error" not in metrics["statuses"]

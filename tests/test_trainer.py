@@ -404,9 +404,9 @@ def test_time_budget_stops_before_a_step_that_would_not_fit(tokenizer, tmp_path)
 
 
 def test_warmup_micro_batches_accumulate_to_the_same_step(tokenizer, tmp_path):
-    from toolgym.algorithms import demonstrations, warmup_sft
+    from toolgym.algorithms import demonstrations, episode_factory, warmup_sft
 
-    demos = demonstrations(lambda: toolgym.make("Wordle-v0"), rows(6, seed=9), tokenizer)
+    demos = demonstrations(episode_factory("Wordle-v0"), rows(6, seed=9), tokenizer)
     models = [tiny_model(tokenizer, seed=1, hidden_size=64) for _ in range(2)]
     runs = [
         warmup_sft(model, demos, 0, SFTConfig(batch_size=6, micro_batch_size=size, epochs=3))
@@ -418,9 +418,9 @@ def test_warmup_micro_batches_accumulate_to_the_same_step(tokenizer, tmp_path):
 
 
 def test_warmup_computes_the_shared_prompt_once_with_the_same_result(tokenizer, monkeypatch):
-    from toolgym.algorithms import demonstrations, losses, warmup_sft
+    from toolgym.algorithms import demonstrations, episode_factory, losses, warmup_sft
 
-    demos = demonstrations(lambda: toolgym.make("Wordle-v0"), rows(6, seed=9), tokenizer)
+    demos = demonstrations(episode_factory("Wordle-v0"), rows(6, seed=9), tokenizer)
     shared_passes = []
     plain_shared_forward = losses.shared_forward
 

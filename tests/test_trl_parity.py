@@ -249,7 +249,6 @@ def toolgym_batch(monkeypatch, tokenizer, rows, env, reward_funcs, output_dir, *
     import toolgym.algorithms.grpo as grpo
     from toolgym.agents import ScriptedEngine
     from toolgym.algorithms.advantages import group_advantages, trainable
-    from toolgym.algorithms.sampler import make_for_row
     from toolgym.envs.calls import close_all
 
     play = Script(tokenizer)
@@ -270,7 +269,7 @@ def toolgym_batch(monkeypatch, tokenizer, rows, env, reward_funcs, output_dir, *
     )
     sampler = trainer.sampler
     batch = [dict(r) for r in rows for _ in range(GROUP)]
-    envs = [make_for_row(sampler.make_env, row, 0) for row in batch]
+    envs = [sampler.make_env(row, 0) for row in batch]
     try:
         played = sampler.agent.run(envs, batch, [0] * len(batch), rollout_fn=sampler.rollout_fn)
         sampler._score(played, batch, envs, sampler.trainer_state(0))

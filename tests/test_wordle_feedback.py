@@ -223,7 +223,7 @@ def test_demo_refusals_show_a_refused_word_the_warm_up_does_not_learn() -> None:
     after its first guess (chosen by the answer: the same each time), then goes on as the
     flawless game does; played through the agent loop for the warm-up, the refused turn's
     tokens are context (loss mask 0) and every other turn is learned."""
-    from toolgym.algorithms.sft import demonstrations
+    from toolgym.algorithms import demonstrations, episode_factory
     from toolgym.algorithms.turn_credit import turns
     from toolgym.testing import tiny_tokenizer
 
@@ -248,7 +248,7 @@ def test_demo_refusals_show_a_refused_word_the_warm_up_does_not_learn() -> None:
 
     prompt = [{"role": "user", "content": "Play Wordle with the guess tool."}]
     rows = [{"prompt": prompt, "answer": a} for a in answers[:4]]
-    make = lambda: Wordle(hints=20, hint_sample=8, demo_refusals=1.0)  # noqa: E731
+    make = episode_factory(Wordle, {"hints": 20, "hint_sample": 8, "demo_refusals": 1.0})
     tokenizer = tiny_tokenizer()
     for demo in demonstrations(make, rows, tokenizer, parser="hermes"):
         calls = [m for m in demo.messages if m["role"] == "assistant"]

@@ -72,12 +72,12 @@ def test_levels_rise_in_difficulty_and_the_curriculum_reads_them():
 
 
 def test_a_row_with_candidates_plays_through_the_registry_and_the_demonstrations():
-    from toolgym.algorithms.sft import demonstrations
+    from toolgym.algorithms import demonstrations, episode_factory
 
     row = wordle_dataset(1, seed=5, candidates=4)[0]
     env = toolgym.make("Wordle-v0")
     first = env.reset(seed=0, **{k: v for k, v in row.items() if k != "prompt"})
     assert "one of these 4 words" in str(first)
     tokenizer = tiny_tokenizer()
-    (demo,) = demonstrations(lambda: toolgym.make("Wordle-v0"), [row], tokenizer, parser="hermes")
+    (demo,) = demonstrations(episode_factory("Wordle-v0"), [row], tokenizer, parser="hermes")
     assert demo.reward == 1.0 and "one of these 4 words" in demo.messages[0]["content"]

@@ -10,7 +10,7 @@ from toolgym.agents.trajectory import summarize
 from toolgym.algorithms.advantages import group_advantages
 from toolgym.algorithms.batch import TokenBatch, TrainingSample, collate, training_samples
 from toolgym.algorithms.config import GRPOConfig, RLOOConfig, SFTConfig
-from toolgym.algorithms.environments import EnvMixture
+from toolgym.algorithms.environments import EnvMixture, EveryRow, episode_factory
 from toolgym.algorithms.grpo import GRPOTrainer
 from toolgym.algorithms.losses import StepNormalizer, masked_nll, policy_loss, token_logprobs
 from toolgym.algorithms.rewards import compute_rewards
@@ -21,6 +21,7 @@ from toolgym.algorithms.warmup_cache import default_cache_dir
 
 __all__ = [
     "EnvMixture",
+    "EveryRow",
     "GRPOConfig",
     "GRPOTrainer",
     "RLOOConfig",
@@ -34,6 +35,7 @@ __all__ = [
     "compute_rewards",
     "default_cache_dir",
     "demonstrations",
+    "episode_factory",
     "group_advantages",
     "masked_nll",
     "policy_loss",

@@ -1,19 +1,38 @@
 """Where a trainer's rollouts get their environments.
 
-`training_environments` turns the trainer's `env` (an id, a class, a factory, tool functions)
-into what makes one rollout's environment: `toolgym.env_factory` for every placement, except
-`sandbox="ray"`, where a warm pool of Ray actors spread over the cluster's nodes is leased
-from (and stopped by `close`, or when the trainer is collected).
+Every episode's environment comes from an `EpisodeFactory`, a function of the episode's row
+and seed: the one factory shape the sampler, evaluation and the warm-up call. An `EnvMixture`
+is one (it chooses by the row); a factory of no arguments (`toolgym.env_factory`'s, a pool's
+lease) becomes one as `EveryRow`. `training_environments` turns the trainer's `env` (an id, a
+class, a factory, tool functions, several of them by name) into one: `toolgym.env_factory`
+for every placement, except `sandbox="ray"`, where a warm pool of Ray actors spread over the
+cluster's nodes is leased from (and stopped by `close`, or when the trainer is collected).
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import toolgym
 from toolgym.algorithms.config import GRPOConfig
+
+EpisodeFactory = Callable[[dict[str, Any], int | None], Any]
+"""Makes (or leases) one episode's environment from its row and seed; it may write the row
+(a mixture names the environment it chose in the row's `env` column)."""
+
+
+@dataclass(frozen=True)
+class EveryRow:
+    """A factory of no arguments as an `EpisodeFactory`: the same environment for every row."""
+
+    make: Callable[[], Any]
+
+    def __call__(self, row: dict[str, Any], seed: int | None) -> Any:
+        return self.make()
+
 
 ENV_COLUMN = "env"
 """The dataset column that names a row's environment among several (TRL's convention)."""
@@ -66,34 +85,38 @@ class EnvMixture:
             return name
         return random.Random(seed).choices(list(self.factories), self.weights)[0]
 
-    def for_row(self, row: dict[str, Any], seed: int | None) -> Any:
+    def __call__(self, row: dict[str, Any], seed: int | None) -> Any:
         """A new environment for this row's episode (the row's `env` is set to its name)."""
         name = self.name_for(row, seed)
         row[ENV_COLUMN] = name  # the trajectory's row says which one played
         return self.factories[name]()
 
-    def __call__(self) -> Any:
-        raise TypeError(
-            "EnvMixture: which environment an episode gets depends on its row; call "
-            "for_row(row, seed)"
-        )
+
+def episode_factory(
+    env: Any, kwargs: dict[str, Any] | None = None, sandbox: Any = None
+) -> EpisodeFactory:
+    """What a trainer's `env` names, as an `EpisodeFactory`: several environments by name (a
+    dict, or an `EnvMixture`) as a mixture, one (an id, a class, a factory of no arguments,
+    tool functions) through `toolgym.env_factory`."""
+    if isinstance(env, Mapping):
+        return EnvMixture(env, kwargs, sandbox)
+    if isinstance(env, (EnvMixture, EveryRow)):
+        return env
+    return EveryRow(toolgym.env_factory(env, kwargs, sandbox))
 
 
 def training_environments(
     env: Any, kwargs: dict[str, Any], args: GRPOConfig, share: int, most: int
-) -> tuple[Callable[[], Any], Any]:
+) -> tuple[EpisodeFactory, Any]:
     """(what makes or leases one rollout's environment, the warm pool behind it or None):
     `share` is this process's episodes per step, `most` the most it holds at once."""
-    if isinstance(env, Mapping):  # several environments, routed by the rows' `env` column
-        env = EnvMixture(env, kwargs, args.sandbox)
-    if isinstance(env, EnvMixture) and args.sandbox == "ray":
+    several = isinstance(env, (Mapping, EnvMixture))
+    if several and args.sandbox == "ray":
         raise ValueError('sandbox="ray" takes one environment, not several (EnvMixture)')
-    if isinstance(env, EnvMixture):
-        return env, None
     if args.sandbox != "ray":
-        return toolgym.env_factory(env, kwargs, args.sandbox), None
+        return episode_factory(env, kwargs, args.sandbox), None
     pool = _ray_pool(env, kwargs, args, share, most)
-    return pool.lease, pool
+    return EveryRow(pool.lease), pool
 
 
 def _ray_pool(

@@ -35,7 +35,7 @@ from toolgym.algorithms.engine_choice import (
     shares_servers,
     sync_weights,
 )
-from toolgym.algorithms.environments import training_environments
+from toolgym.algorithms.environments import EpisodeFactory, training_environments
 from toolgym.algorithms.heap import threshold_for_training
 from toolgym.algorithms.learner import Learner, load_policy
 from toolgym.algorithms.pipeline import pipelined_steps
@@ -193,7 +193,7 @@ class GRPOTrainer:
         self.stopped_by = self.budget.over(self.step, self.step, self.learner.gather)
         return not self.stopped_by
 
-    def _env_factory(self, env: Any, kwargs: dict[str, Any]) -> Callable[[], Any]:
+    def _env_factory(self, env: Any, kwargs: dict[str, Any]) -> EpisodeFactory:
         """What makes one rollout's environment (`toolgym.algorithms.environments`)."""
         per_step = self.args.prompts_per_step * self.args.num_generations
         share = max(1, per_step // self.accelerator.num_processes)
@@ -214,12 +214,13 @@ class GRPOTrainer:
         return self._learn(self.sampler.play(self.step, self._engine_version))
 
     @property
-    def make_env(self) -> Callable[[], Any]:
-        """What makes (or leases) one rollout's environment."""
+    def make_env(self) -> EpisodeFactory:
+        """What makes (or leases) one episode's environment: a function of its row and seed
+        (`toolgym.algorithms.environments.EpisodeFactory`)."""
         return self.sampler.make_env
 
     @make_env.setter
-    def make_env(self, factory: Callable[[], Any]) -> None:
+    def make_env(self, factory: EpisodeFactory) -> None:
         self._make_env = self.sampler.make_env = factory
 
     def _learn(self, rollouts: Rollouts) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,7 @@ from toolgym.agents.trajectory import Trajectory
 from toolgym.algorithms.config import GRPOConfig
 from toolgym.algorithms.curriculum import Curriculum
 from toolgym.algorithms.dynamic_sampling import Played, extra_rows, fill_with_signal, split
+from toolgym.algorithms.environments import EpisodeFactory
 from toolgym.algorithms.rewards import (
     RewardFunc,
     RewardLogs,
@@ -32,7 +33,7 @@ from toolgym.algorithms.rewards import (
     has_own_step_rewards,
     step_reward_total,
 )
-from toolgym.algorithms.sft import demonstrations, make_for_row
+from toolgym.algorithms.sft import demonstrations
 from toolgym.algorithms.stages import StageClock
 from toolgym.envs.calls import close_all
 
@@ -62,7 +63,8 @@ class Sampler:
 
     Args:
         agent: Plays the episodes (its engine samples with the policy's current weights).
-        make_env: Makes (or leases) one rollout's environment; closed after the episode.
+        make_env: Makes (or leases) one episode's environment from its row and seed
+            (`toolgym.algorithms.environments`); closed after the episode.
         train_rows: The dataset rows training draws from.
         args: The run's configuration (rows per step, group size, seed, scoring).
         reward_funcs: Extra reward functions (see `toolgym.algorithms.rewards`).
@@ -74,7 +76,7 @@ class Sampler:
     def __init__(
         self,
         agent: Agent,
-        make_env: Callable[[], Any],
+        make_env: EpisodeFactory,
         train_rows: Sequence[Row],
         args: GRPOConfig,
         reward_funcs: Sequence[RewardFunc] = (),
@@ -166,10 +168,7 @@ class Sampler:
         mine = [dict(rows[i]) for i in share]  # a mixture writes each one's `env` in it
         envs: list[Any] = []
         try:  # the environments (sandboxes, containers) close on every path
-            envs.extend(
-                make_for_row(self.make_env, row, seeds[i])
-                for row, i in zip(mine, share, strict=True)
-            )
+            envs.extend(self.make_env(row, seeds[i]) for row, i in zip(mine, share, strict=True))
             with self.stages.stage("rollouts"):
                 trajectories = self.agent.run(
                     envs, mine, [seeds[i] for i in share], rollout_fn=self.rollout_fn
@@ -201,7 +200,7 @@ class Sampler:
         rows = [dict(r) for r in rows]
         envs: list[Any] = []
         try:
-            envs.extend(make_for_row(self.make_env, r, i) for i, r in enumerate(rows))
+            envs.extend(self.make_env(r, i) for i, r in enumerate(rows))
             with self.stages.stage("evaluation"):
                 return self.agent.run(
                     envs,

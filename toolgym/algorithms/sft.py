@@ -12,7 +12,6 @@ assistant tokens only (loss mask 1), like the policy-gradient loss.
 
 from __future__ import annotations
 
-import functools
 import json
 import random
 from collections.abc import Callable, Sequence
@@ -25,6 +24,7 @@ from toolgym.agents.rollout import Agent, AgentLimits
 from toolgym.agents.trajectory import Trajectory
 from toolgym.algorithms.batch import collate, training_samples
 from toolgym.algorithms.config import SFTConfig
+from toolgym.algorithms.environments import EpisodeFactory
 from toolgym.algorithms.losses import compile_by_default, token_logprobs
 from toolgym.algorithms.optim import adamw
 from toolgym.algorithms.prefix_sharing import share_prefix_by_default
@@ -34,7 +34,7 @@ from toolgym.envs.stepping import as_environment
 
 
 def demonstrations(
-    env_factory: Callable[[], Any],
+    make_env: EpisodeFactory,
     rows: Sequence[dict[str, Any]],
     tokenizer: Any,
     *,
@@ -46,7 +46,9 @@ def demonstrations(
 ) -> list[Trajectory]:
     """Play each row with the environment's expert; returns the demonstration trajectories
     (built as the RL episodes will be: the same template, template variables and per-turn
-    choice).
+    choice). `make_env` makes each row's environment: `episode_factory("Wordle-v0")` (an id,
+    a class, a factory of no arguments, tool functions, several by name), or a trainer's
+    `make_env`.
 
     Raises:
         ValueError: The environment offers no demonstrations.
@@ -61,9 +63,8 @@ def demonstrations(
         per_turn=per_turn,
     )
     trajectories: list[Trajectory] = []
-    make = functools.partial(make_for_row, env_factory)
     for row, seed in zip(rows, seeds, strict=True):
-        expert = as_environment(make(row, seed))
+        expert = as_environment(make_env(row, seed))
         try:
             expert.reset(seed=seed, **{k: v for k, v in row.items() if k != "prompt"})
             turns = expert.demonstration()
@@ -83,7 +84,7 @@ def demonstrations(
         agent.limits = AgentLimits(
             max_turns=len(replies), max_new_tokens=max(map(len, replies)), max_episode_tokens=10**9
         )
-        played = make(row, seed)
+        played = make_env(row, seed)
         try:
             trajectories.extend(map(_refused_turns_unlearned, agent.run([played], [row], [seed])))
         finally:
@@ -116,13 +117,6 @@ def _refused_turns_unlearned(trajectory: Trajectory) -> Trajectory:
         mask = trajectory.samples[span.sample].loss_mask
         mask[span.start : span.end] = [0] * (span.end - span.start)
     return trajectory
-
-
-def make_for_row(make_env: Callable[..., Any], row: dict[str, Any], seed: int | None) -> Any:
-    """One episode's environment: `make_env()`, or `make_env.for_row(row, seed)` where the
-    factory chooses by the row (`toolgym.algorithms.EnvMixture`)."""
-    for_row = getattr(make_env, "for_row", None)
-    return for_row(row, seed) if callable(for_row) else make_env()
 
 
 def _assistant_message(calls: Sequence[Any]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from toolgym.agents import Agent, AgentLimits, ScriptedEngine, Trajectory
 from toolgym.algorithms import GRPOConfig
 from toolgym.algorithms.advantages import group_advantages
 from toolgym.algorithms.batch import collate, training_samples
+from toolgym.algorithms.environments import EveryRow
 from toolgym.algorithms.rewards import step_reward_bonus, step_reward_total
 from toolgym.algorithms.sampler import Sampler
 from toolgym.testing import tiny_tokenizer
@@ -157,7 +158,9 @@ def test_the_trainer_counts_a_chat_step_reward_once_and_credits_its_turn_in_toke
     agent = Agent(ScriptedEngine(follow_the_plan(tokenizer)), tokenizer, parser="hermes")
     plans = itertools.cycle([PLAN, (1.0,)])
     args = GRPOConfig(prompts_per_step=1, num_generations=2, step_rewards=mode)
-    sampler = Sampler(agent, lambda: toolgym.as_environment(Points(next(plans))), [ROW], args)
+    sampler = Sampler(
+        agent, EveryRow(lambda: toolgym.as_environment(Points(next(plans)))), [ROW], args
+    )
     a, b = sampler.play(step=0, policy_version=0).trajectories
     assert [a.reward, b.reward] == pytest.approx([0.25, 1.0])  # the environment's, once
     assert [a.reward_sources["env"], b.reward_sources["env"]] == pytest.approx([0.25, 1.0])
@@ -286,7 +289,9 @@ def test_the_trainer_adds_the_invalid_call_reward_once_in_either_mode(mode):
     agent = wrong_call_first_agent()
     plans = itertools.cycle([(0.5, 0.0), (0.5,)])
     args = GRPOConfig(prompts_per_step=1, num_generations=2, step_rewards=mode)
-    sampler = Sampler(agent, lambda: toolgym.as_environment(Points(next(plans))), [ROW], args)
+    sampler = Sampler(
+        agent, EveryRow(lambda: toolgym.as_environment(Points(next(plans)))), [ROW], args
+    )
     trajectories = sampler.play(step=0, policy_version=0).trajectories
     wrong, right = trajectories
     assert wrong.reward_sources["env"] == right.reward_sources["env"] == pytest.approx(0.5)
@@ -314,7 +319,7 @@ def test_an_episode_no_source_scored_stays_unscored_beside_one_with_an_invalid_c
     args = GRPOConfig(prompts_per_step=1, num_generations=2, env_reward=False)
     sampler = Sampler(
         agent,
-        lambda: toolgym.as_environment(Points(next(plans))),
+        EveryRow(lambda: toolgym.as_environment(Points(next(plans)))),
         [ROW],
         args,
         reward_funcs=[only_the_wrong_one],

@@ -14,6 +14,7 @@ from toolgym.agents import Agent, ScriptedEngine
 from toolgym.agents.trajectory import Trajectory, summarize
 from toolgym.algorithms import GRPOConfig
 from toolgym.algorithms.curriculum import Curriculum, load_curriculum, save_curriculum
+from toolgym.algorithms.environments import EveryRow
 from toolgym.algorithms.sampler import Sampler
 from toolgym.testing import tiny_tokenizer
 
@@ -86,7 +87,7 @@ def _sampler(**settings) -> Sampler:
     args = GRPOConfig(
         prompts_per_step=2, num_generations=2, env_reward=False, curriculum=True, **settings
     )
-    return Sampler(agent, Quiet, _rows(), args, [wins_up_to_skill])
+    return Sampler(agent, EveryRow(Quiet), _rows(), args, [wins_up_to_skill])
 
 
 def test_the_sampler_trains_the_level_the_success_rate_chooses():

@@ -16,6 +16,7 @@ from toolgym.algorithms.dynamic_sampling import (
     fill_with_signal,
     has_signal,
 )
+from toolgym.algorithms.environments import EveryRow
 from toolgym.algorithms.sampler import Sampler
 from toolgym.testing import tiny_tokenizer
 
@@ -114,7 +115,7 @@ def _sampler(varies: list[bool], **settings) -> Sampler:
     args = GRPOConfig(
         prompts_per_step=2, num_generations=2, env_reward=False, dynamic_sampling=True, **settings
     )
-    return Sampler(agent, Quiet, rows, args, [member_parity_if_varies])
+    return Sampler(agent, EveryRow(Quiet), rows, args, [member_parity_if_varies])
 
 
 def test_the_sampler_replaces_signal_less_groups_with_fresh_ones():
@@ -149,6 +150,6 @@ def test_dynamic_sampling_refuses_several_processes_and_a_zero_bound():
     agent = Agent(ScriptedEngine([[1]]), tokenizer)
     args = GRPOConfig(prompts_per_step=2, num_generations=2, dynamic_sampling=True)
     with pytest.raises(ValueError, match="one process for now"):
-        Sampler(agent, Quiet, [{"varies": True}], args, process=(0, 2))
+        Sampler(agent, EveryRow(Quiet), [{"varies": True}], args, process=(0, 2))
     with pytest.raises(ValueError, match="dynamic_sampling_rounds must be at least 1"):
         GRPOConfig(dynamic_sampling_rounds=0)

@@ -9,6 +9,7 @@ from helpers import GUESS, ids, wordle_rows
 import toolgym
 from toolgym.agents import Agent, ScriptedEngine
 from toolgym.algorithms import GRPOConfig
+from toolgym.algorithms.environments import EveryRow
 from toolgym.algorithms.sampler import Sampler
 from toolgym.testing import tiny_tokenizer
 
@@ -28,7 +29,7 @@ def test_a_sampler_plays_groups_from_one_seed_and_scores_them_without_a_learner(
     agent = Agent(ScriptedEngine(reply), tokenizer, parser="hermes")
     args = GRPOConfig(prompts_per_step=2, num_generations=3, seed=5, reward_weights=[1.0, 0.5])
     sampler = Sampler(
-        agent, lambda: toolgym.make("Wordle-v0"), wordle_rows(4), args, [guesses_made]
+        agent, EveryRow(lambda: toolgym.make("Wordle-v0")), wordle_rows(4), args, [guesses_made]
     )
     rows, seeds = sampler.step_rows(0)
     assert len(rows) == 6 and seeds[:3] == [seeds[0]] * 3 and seeds[3] != seeds[0]
@@ -46,5 +47,5 @@ def test_a_sampler_plays_groups_from_one_seed_and_scores_them_without_a_learner(
 def test_each_process_plays_its_share():
     agent = Agent(ScriptedEngine([[1]]), tiny_tokenizer(), parser="hermes")
     args = GRPOConfig(prompts_per_step=2, num_generations=2)
-    second = Sampler(agent, lambda: None, wordle_rows(2), args, process=(1, 2))
+    second = Sampler(agent, EveryRow(lambda: None), wordle_rows(2), args, process=(1, 2))
     assert second.share(4) == [2, 3]

@@ -16,6 +16,7 @@ import toolgym
 from toolgym.agents import Agent, ScriptedEngine
 from toolgym.algorithms import GRPOConfig
 from toolgym.algorithms.batch import collate, training_samples
+from toolgym.algorithms.environments import EveryRow
 from toolgym.algorithms.sampler import Sampler
 from toolgym.algorithms.turn_credit import (
     batch_credit,
@@ -147,7 +148,9 @@ def test_the_trainer_credits_each_turn_with_what_followed_it():
     agent = Agent(ScriptedEngine(follow_the_plan(tokenizer)), tokenizer, parser="hermes")
     plans = itertools.cycle([PLAN, (1.0,)])
     args = GRPOConfig(prompts_per_step=1, num_generations=2, credit="turn", scale_rewards="none")
-    sampler = Sampler(agent, lambda: toolgym.as_environment(Points(next(plans))), [ROW], args)
+    sampler = Sampler(
+        agent, EveryRow(lambda: toolgym.as_environment(Points(next(plans)))), [ROW], args
+    )
     a, b = sampler.play(step=0, policy_version=0).trajectories
     credit = batch_credit(
         [a, b], [(a.reward, True), (b.reward, True)], [0, 1], 2, "none", lambda x: x

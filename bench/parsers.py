@@ -103,7 +103,7 @@ def survey(templates: list[Path]) -> tuple[dict, list[float], dict[str, str]]:
         except TemplateError:
             row["refused"] += 1
             continue
-        row["one sample per turn" if renderer.per_turn else "one sequence"] += 1
+        row["one sample per turn" if renderer.profile.per_turn else "one sequence"] += 1
     return table, times, samples
 
 

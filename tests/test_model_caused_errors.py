@@ -15,10 +15,18 @@ from model_caused_envs import Fragile, FragileChat
 import toolgym
 from toolgym.agents import Agent, AgentLimits, ScriptedEngine
 from toolgym.algorithms.advantages import group_advantages
-from toolgym.envs.calls import ModelCausedError
+from toolgym.envs.calls import (
+    EpisodeFailure,
+    InfrastructureFailure,
+    ModelCausedError,
+    ModelFailure,
+)
+from toolgym.envs.mcp import ServerGone
 from toolgym.envs.python_lines import PythonLines
 from toolgym.envs.stepping import failure_status
 from toolgym.sandbox import sandboxed
+from toolgym.sandbox.ray_backend import ActorLost
+from toolgym.sandbox.remote import RemoteError, SandboxError, SandboxTimeout, model_caused
 from toolgym.testing import tiny_tokenizer
 
 REQUIRED = os.environ.get("TOOLGYM_REQUIRE_SANDBOXES") == "1"
@@ -144,9 +152,33 @@ def test_one_rule_decides_whose_a_failure_is():
     assert failure_status(ModelCausedError("x")) == "tool_crash"
     assert failure_status(toolgym.EnvironmentBug("x")) == "env_error"
     assert failure_status(IndexError("an unmarked error outside the model's calls")) == "env_error"
-    marked = toolgym.EnvironmentBug("x")
-    marked.model_caused = True  # type: ignore[attr-defined]
-    assert failure_status(marked) == "env_error"  # the environment's word wins
+
+    class Both(toolgym.EnvironmentBug, ModelFailure):
+        pass
+
+    assert failure_status(Both("x")) == "env_error"  # the environment's word wins
+    assert failure_status(ModelFailure("x")) == "tool_crash"
+    assert failure_status(ServerGone("x")) == "tool_crash"
+    assert failure_status(InfrastructureFailure("x")) == "env_error"
+    assert failure_status(EpisodeFailure("unclassified")) == "env_error"
+
+    class ModelTimeout(ModelFailure, TimeoutError):
+        pass
+
+    assert failure_status(ModelTimeout("x")) == "tool_timeout"
+
+
+def test_a_sandbox_failure_during_the_model_s_call_is_typed_as_the_model_s():
+    """`model_caused` keeps the kind of the sandbox's failure and adds the model's type."""
+    lost = model_caused(SandboxError("worker died during call"))
+    assert isinstance(lost, SandboxError) and failure_status(lost) == "tool_crash"
+    late = model_caused(SandboxTimeout("call took over its time limit"))
+    assert isinstance(late, SandboxTimeout) and failure_status(late) == "tool_timeout"
+    remote = model_caused(RemoteError("call", {"type": "ModelCausedError", "message": "m"}))
+    assert isinstance(remote, RemoteError) and remote.type == "ModelCausedError"
+    assert failure_status(remote) == "tool_crash"
+    assert failure_status(SandboxError("a worker that never started")) == "env_error"
+    assert failure_status(ActorLost("the node died")) == "env_error"
 
 
 def _env(cls, where):

@@ -352,10 +352,10 @@ def test_wordle_episodes_are_token_exact_for_real_template_families(family):
     (trajectory,) = agent.run([toolgym.make("Wordle-v0")], wordle_rows(1))
     assert trajectory.status == "env_done" and trajectory.reward == 1.0, trajectory.error
     assert trajectory.metrics["tool_calls"] == 2 and trajectory.metrics["parse_failures"] == 0
-    assert agent.renderer.per_turn is (family == "gemma4")
-    assert agent.renderer.training_template == ("qwen3" if family == "qwen3" else None)
+    assert agent.renderer.profile.per_turn is (family == "gemma4")
+    assert agent.renderer.profile.training_template == ("qwen3" if family == "qwen3" else None)
     assistant_at = [i for i, m in enumerate(trajectory.messages) if m["role"] == "assistant"]
-    if not agent.renderer.per_turn:
+    if not agent.renderer.profile.per_turn:
         # One sequence: the first reply, the template's suffix, the second reply; and the
         # sequence up to the second turn is what the template renders for the conversation.
         first = ids(tokenizer, replies[0])
@@ -370,7 +370,7 @@ def test_wordle_episodes_are_token_exact_for_real_template_families(family):
     # One sample per turn: its prompt is the template's rendering of the conversation before
     # the turn, its completion exactly the ids the model sampled (through <|tool_response>).
     assert len(trajectory.samples) == 2
-    assert agent.renderer.call_end == "<|tool_response>"
+    assert agent.renderer.profile.call_end == "<|tool_response>"
     for turn, at, sampled in zip(trajectory.samples, assistant_at, replies, strict=True):
         assert turn.prompt_ids == agent.renderer.prompt_ids(trajectory.messages[:at], tools)
         assert turn.completion_ids == ids(tokenizer, sampled)
@@ -411,7 +411,7 @@ def test_glm_turns_end_where_the_next_turn_opens():
     answer = "\n<think></think>\nI give up.<|user|>"
     engine = ScriptedEngine([ids(tokenizer, call), ids(tokenizer, answer)])
     agent = Agent(engine, tokenizer, parser="auto")
-    assert agent.renderer.end_opens_next_turn and not agent.renderer.per_turn
+    assert agent.renderer.profile.end_opens_next_turn and not agent.renderer.profile.per_turn
     tools = toolgym.make("Wordle-v0").tools
     (trajectory,) = agent.run([toolgym.make("Wordle-v0")], wordle_rows(1))
     assert trajectory.status == "finished" and trajectory.messages[-1]["content"] == "I give up."

@@ -459,15 +459,15 @@ def test_prefix_verdict_per_shape_and_the_episode_build_it_chooses(path):
             ChatRenderer(tokenizer)
         return
     renderer = ChatRenderer(tokenizer, training_templates=False)  # the template's own verdict
-    verdicts = renderer.prefix_report.verdicts
+    verdicts = renderer.profile.prefix_report.verdicts
     assert "".join("Y" if v.ok else "n" for v in verdicts) == expected, (
-        renderer.prefix_report.describe()
+        renderer.profile.prefix_report.describe()
     )
     assert all(
         v.problem.count("changes earlier text at character") == 1 for v in verdicts if not v.ok
     )
-    assert renderer.per_turn is ("n" in expected)
-    if not renderer.per_turn:  # the tool suffix is what the template appends after a call
+    assert renderer.profile.per_turn is ("n" in expected)
+    if not renderer.profile.per_turn:  # the tool suffix is what the template appends after a call
         result = {
             "role": "tool",
             "name": "lookup",
@@ -492,8 +492,8 @@ def test_qwen3_is_recognised_and_trained_with_toolgyms_template(name):
     for every shape and writes what Qwen3's own writes wherever that one keeps the text."""
     tokenizer = template_tokenizer(TEMPLATE_DIR / f"{name}.jinja")
     renderer = ChatRenderer(tokenizer)
-    assert renderer.training_template == "qwen3" and not renderer.per_turn
-    assert renderer.prefix_report.prefix_preserving
+    assert renderer.profile.training_template == "qwen3" and not renderer.profile.per_turn
+    assert renderer.profile.prefix_report.prefix_preserving
     call = {
         "type": "function",
         "id": "c1",
@@ -521,8 +521,8 @@ def test_qwen3_is_recognised_and_trained_with_toolgyms_template(name):
                     tools=PROBE_TOOLS,
                     tokenize=False,
                     add_generation_prompt=prompt,
-                    chat_template=renderer.chat_template,
+                    chat_template=renderer.profile.chat_template,
                     **thinking,
                 )
                 assert ours == own
-    assert ChatRenderer(tokenizer, training_templates=False).per_turn
+    assert ChatRenderer(tokenizer, training_templates=False).profile.per_turn

@@ -273,7 +273,7 @@ def test_a_template_that_is_not_prefix_preserving_trains_one_sample_per_turn(tmp
     trainer = GRPOTrainer(
         model, "Wordle-v0", rows(2), [by_position], args, tokenizer=tokenizer, engine=engine
     )
-    assert trainer.agent.renderer.per_turn
+    assert trainer.agent.renderer.profile.per_turn
     before = [p.detach().clone() for p in model.parameters()]
     history = trainer.train()
     episodes = load_jsonl(tmp_path / "samples.jsonl")

@@ -23,7 +23,11 @@ from toolgym._exports import package_version as _package_version
 if TYPE_CHECKING:  # the public names: type checkers read them, and lazy_exports too
     from toolgym.envs.calls import (
         EnvironmentBug,
+        EnvironmentFailure,
+        EpisodeFailure,
+        InfrastructureFailure,
         MalformedToolCall,
+        ModelFailure,
         StepResult,
         ToolCall,
         ToolError,

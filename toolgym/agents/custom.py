@@ -24,13 +24,14 @@ environment's `get_reward()` after the function returns.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from toolgym.agents.engines.base import Completion
+from toolgym.agents.engines.base import Completion, SamplingParams
 from toolgym.agents.images import tool_images
 from toolgym.agents.inline import observation_ids
 from toolgym.agents.parsers import ParsedMessage, type_arguments
@@ -65,98 +66,133 @@ class EpisodeEnd(Exception):
         self.status, self.error = status, error
 
 
-class RolloutContext:
+class RolloutContext(abc.ABC):
     """What a rollout function gets besides the environment: the prompt, the tools, and
     helpers that keep exact tokens, masks, limits and metrics. The built-in protocols (the
     chat tool-call loop and the inline protocol, `toolgym.agents.protocols`) use only these.
 
+    The context *is* the episode being played (`toolgym.agents.rollout.Episode`, which
+    implements the engine and environment calls under the agent's limits): nothing here
+    reaches for another object's state.
+
     Attributes:
+        agent: The `Agent` playing the episode (its engine, tokenizer, parser, template).
+        env: The environment being played.
+        limits: The episode's limits.
+        sampling: This run's sampling settings (temperature and top-p; greedy in an
+            evaluation).
+        metrics: The episode's counters (turns, tool calls, failures, seconds, ...).
         messages: The row's prompt with `reset()`'s observation appended (chat messages).
         tools: The environment's tool schemas.
         trajectory: The trajectory `start` made last (the one a failure status goes to).
+        hit_length: The last `generate` stopped at `max_new_tokens` (the episode then ends
+            `length`).
     """
 
-    def __init__(self, episode: Any, messages: list[dict[str, Any]]) -> None:
-        self._episode = episode  # the `rollout.Episode` being played (not imported: no cycle)
+    agent: Any  # the `toolgym.agents.rollout.Agent` (a type import would be a cycle)
+    env: Any
+    limits: AgentLimits
+    sampling: SamplingParams
+    metrics: dict[str, float]
+    on_message: Callable[[dict[str, Any]], None]
+    first_prompt_length: int | None
+    _row: dict[str, Any]
+    _reward: float | None
+
+    def _open(self, messages: list[dict[str, Any]]) -> None:
+        """Start the rollout function's view of the episode from its first messages."""
         self.messages = messages
-        self.tools: list[dict[str, Any]] = episode.env.tools
+        self.tools: list[dict[str, Any]] = self.env.tools
         self.trajectory: Trajectory | None = None
         self.hit_length = False
-        """The last `generate` stopped at `max_new_tokens` (the episode then ends `length`)."""
         self._told = False  # the prompt went to `on_message`
         self._turn: tuple[int, int] | None = None  # (sample, start) of the model's last turn
         self._stepped = True  # a `step` ran since the last `generate`: the next opens a turn
 
+    # -- what the episode implements: the engine and environment under the limits ----------
+    @abc.abstractmethod
+    def tokens_left(self, trajectory: Trajectory) -> int:
+        """Tokens the next turn may still add to `trajectory`."""
+
+    @abc.abstractmethod
+    async def _complete(self, trajectory: Trajectory, stop_strings: list[str] | None) -> Completion:
+        """A completion continuing `trajectory` under the episode's limits (not appended)."""
+
+    @abc.abstractmethod
+    def decode(self, completion: Completion) -> str:
+        """A completion's text without its final stop token."""
+
+    @abc.abstractmethod
+    async def _call_tools(self, calls: Any) -> StepResult:
+        """The environment's step on one turn's calls, under the tool limits."""
+
+    @abc.abstractmethod
+    async def _env_final_answer(self, text: str) -> None:
+        """The environment's `final_answer`, under the tool limits."""
+
+    @abc.abstractmethod
+    async def _env_inline_step(self, text: str) -> InlineStep:
+        """The environment's `inline_step`, under the tool limits."""
+
+    # -- the rollout function's view ---------------------------------------------------------
     @property
     def tokenizer(self) -> Any:
         """The agent's tokenizer."""
-        return self._episode.agent.tokenizer
+        return self.agent.tokenizer
 
     @property
     def renderer(self) -> ChatRenderer:
         """The agent's chat renderer (template, end-of-turn and stop tokens)."""
-        return self._episode.agent.renderer
+        return self.agent.renderer
 
     @property
     def vision(self) -> Any:
         """How the agent's model sees images in tool results (None: text only)."""
-        return self._episode.agent.vision
-
-    @property
-    def limits(self) -> AgentLimits:
-        """The episode's limits."""
-        return self._episode.limits
-
-    @property
-    def agent(self) -> Any:
-        """The `Agent` playing the episode (its engine, tokenizer, parser, template)."""
-        return self._episode.agent
+        return self.agent.vision
 
     @property
     def row(self) -> dict[str, Any]:
         """The dataset row the environment was reset with (without its prompt)."""
-        return dict(self._episode.row)
+        return dict(self._row)
 
     @property
     def reward(self) -> float | None:
         """A score for the episode the rollout function gives itself (set it); None: the
         environment's `get_reward()` scores it."""
-        return self._episode.reward
+        return self._reward
 
     @reward.setter
     def reward(self, value: float | None) -> None:
-        self._episode.reward = None if value is None else float(value)
+        self._reward = None if value is None else float(value)
 
     def adopt(self, trajectory: Trajectory, turns: int) -> None:
         """Take a trajectory made elsewhere (an endpoint's recording) as the episode's, with
         the generations it took (what `max_turns` counts); failures end it."""
         self.trajectory = trajectory
-        self._episode.metrics["turns"] = float(turns)
+        self.metrics["turns"] = float(turns)
 
     @property
     def turns(self) -> int:
         """Generations so far (what `max_turns` counts)."""
-        return int(self._episode.metrics["turns"])
+        return int(self.metrics["turns"])
 
     def start(
         self,
         messages: list[dict[str, Any]] | None = None,
         tools: list[dict[str, Any]] | None = None,
-        per_turn: bool = False,
     ) -> Trajectory:
         """A trajectory whose prompt is the chat template's rendering of `messages` (default:
         `self.messages`) with `tools` (default: none), ending with the generation prompt.
-        The trajectory holds one sample; `next_turn` starts another (`per_turn` is kept for
-        compatibility: it changes nothing). The first call tells `on_message` of the
-        prompt."""
+        The trajectory holds one sample; `next_turn` starts another. The first call tells
+        `on_message` of the prompt."""
         messages = list(self.messages if messages is None else messages)
         prompt_ids = self.renderer.prompt_ids(messages, tools or [])
         self.trajectory = Trajectory([Sample(prompt_ids)], messages=messages)
-        self._episode.first_prompt_length = len(prompt_ids)
+        self.first_prompt_length = len(prompt_ids)
         if not self._told:
             self._told = True
             for message in messages:
-                self._episode.on_message(message)
+                self.on_message(message)
         return self.trajectory
 
     def next_turn(self, trajectory: Trajectory, tools: list[dict[str, Any]] | None = None) -> None:
@@ -180,11 +216,10 @@ class RolloutContext:
         Generation ends at an end-of-turn token, one of `stop_strings`, or the per-call
         `max_new_tokens`. Raises `EpisodeEnd("max_turns")` past `AgentLimits.max_turns`
         calls and `EpisodeEnd("length")` when the token budget is spent."""
-        episode = self._episode
         if self.turns >= self.limits.max_turns:
             raise EpisodeEnd("max_turns")
-        completion: Completion = await episode.generate(trajectory, stop_strings)
-        episode.metrics["turns"] += 1
+        completion = await self._complete(trajectory, stop_strings)
+        self.metrics["turns"] += 1
         if self._stepped:  # the first generation since the last step opens the model's turn
             self._turn = (len(trajectory.samples) - 1, len(trajectory.completion_ids))
             self._stepped = False
@@ -193,35 +228,35 @@ class RolloutContext:
         )
         self.hit_length = completion.finish_reason == "length"
         last = completion.token_ids[-1] if completion.token_ids else None
-        ended = completion.finish_reason == "stop" and last in self.renderer.stop_token_ids
-        return Generation(episode.decode(completion), completion.finish_reason, ended, last)
+        ended = completion.finish_reason == "stop" and last in self.renderer.profile.stop_token_ids
+        return Generation(self.decode(completion), completion.finish_reason, ended, last)
 
     def observe(self, trajectory: Trajectory, text: str) -> None:
         """Append `text` as tokens the model did not sample (mask 0), tokenized on their own
         and checked to decode exactly after what precedes them. Raises `EpisodeEnd("length")`
         if they do not fit."""
         ids, exact = observation_ids(self.tokenizer, trajectory.completion_ids, text)
-        self._episode.metrics["inexact_observations"] += not exact
+        self.metrics["inexact_observations"] += not exact
         self.observe_ids(trajectory, ids)
 
     def observe_ids(self, trajectory: Trajectory, ids: list[int]) -> None:
         """Append token ids the model did not sample (mask 0), e.g. a template's rendering of
         tool results. Raises `EpisodeEnd("length")` if they do not fit."""
-        if self._episode.tokens_left(trajectory) < len(ids):
+        if self.tokens_left(trajectory) < len(ids):
             raise EpisodeEnd("length")
         trajectory.append(ids, sampled=False)
 
     def add_message(self, trajectory: Trajectory, message: dict[str, Any]) -> None:
         """Add a message to the trajectory's conversation and tell `on_message` of it."""
         trajectory.messages.append(message)
-        self._episode.on_message(message)
+        self.on_message(message)
 
     async def parse(self, text: str) -> ParsedMessage:
         """The tool calls in `text`, typed by the tools' schemas, each with an id; parsed off
         the event loop (a long hostile message must not stall the other episodes). A parser
         that raises (a user's own) makes the text one malformed call, never ends the run."""
         parsed = await asyncio.to_thread(self._parse, text)
-        self._episode.metrics["parse_failures"] += parsed.failures
+        self.metrics["parse_failures"] += parsed.failures
         turn = max(self.turns - 1, 0)
         for index, call in enumerate(parsed.tool_calls):
             if call.id is None:  # 9 letters and digits: Mistral's templates require that shape
@@ -230,7 +265,7 @@ class RolloutContext:
 
     def _parse(self, text: str) -> ParsedMessage:
         try:
-            return type_arguments(self._episode.agent.parse(text), self.tools)
+            return type_arguments(self.agent.parse(text), self.tools)
         except TimeoutError:
             raise  # a caller's time limit, not the text's doing
         except Exception as error:
@@ -252,9 +287,9 @@ class RolloutContext:
         the episode's, not a turn's). Each call refused before any tool ran (`INVALID_CALLS`)
         adds `AgentLimits.invalid_call_reward` to the turn's step rewards, outside the
         environment's reward (`in_reward` 0)."""
-        step = await self._episode.call_tools(tool_calls)
+        step = await self._call_tools(tool_calls)
         target = trajectory if trajectory is not None else self.trajectory
-        if target is not None and getattr(self._episode.env, "reward_per_step", True):
+        if target is not None and getattr(self.env, "reward_per_step", True):
             record_turn_reward(target, step.reward, self._turn)
         if target is not None and self.limits.invalid_call_reward:
             failures = step.info.get("failures", ())
@@ -271,12 +306,12 @@ class RolloutContext:
     async def final_answer(self, text: str) -> None:
         """Hand the model's final text to the environment's `final_answer` (under the tool
         limits, failures ending the episode as for `step`)."""
-        await self._episode.final_answer(text)
+        await self._env_final_answer(text)
 
     async def inline_step(self, trajectory: Trajectory, text: str) -> InlineStep:
         """The environment's `inline_step` on the text the model wrote up to a marker; its
         reward joins `trajectory.step_rewards` at the current end of the last sample."""
-        step = await self._episode.inline_step(text)
+        step = await self._env_inline_step(text)
         trajectory.step_rewards.append(
             {"end": len(trajectory.completion_ids), "reward": step.reward}
         )

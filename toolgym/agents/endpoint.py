@@ -210,7 +210,7 @@ class Endpoint:
             max_tokens=min(asked, limits.max_new_tokens, room),
             temperature=_either(request["temperature"], session.temperature),
             top_p=_either(request["top_p"], session.top_p),
-            stop_token_ids=self.renderer.stop_token_ids,
+            stop_token_ids=list(self.renderer.profile.stop_token_ids),
             stop_strings=request["stop"],
         )
 
@@ -234,7 +234,8 @@ class Endpoint:
 
     def _decode(self, completion: Completion) -> str:
         ids = completion.token_ids
-        if completion.finish_reason == "stop" and ids and ids[-1] in self.renderer.stop_token_ids:
+        stops = self.renderer.profile.stop_token_ids
+        if completion.finish_reason == "stop" and ids and ids[-1] in stops:
             ids = ids[:-1]
         return str(self.tokenizer.decode(ids, skip_special_tokens=False))
 

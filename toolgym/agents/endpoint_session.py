@@ -68,7 +68,7 @@ class Session:
         before = len(self.last_request)
         if (
             self.last_reply is None
-            or renderer.per_turn
+            or renderer.profile.per_turn
             or json.dumps(tools, sort_keys=True) != self.tools_key
             or len(messages) <= before + 1
             or normal(messages[:before]) != normal(self.last_request)
@@ -76,13 +76,14 @@ class Session:
             or any(m.get("role") != "tool" for m in messages[before + 1 :])
         ):
             return None
-        after_call_end = self.last_token == renderer.call_end_id
+        after_call_end = self.last_token == renderer.profile.call_end_id
         try:
             suffix = renderer.tool_suffix_ids(messages[before + 1 :], tools, after_call_end)
         except TemplateError:
             return None
-        ended = self.last_token in (renderer.end_of_turn_id, renderer.call_end_id)
-        closing = [] if ended else [renderer.end_of_turn_id]  # the model stopped on end-of-text
+        profile = renderer.profile
+        ended = self.last_token in (profile.end_of_turn_id, profile.call_end_id)
+        closing = [] if ended else [profile.end_of_turn_id]  # the model stopped on end-of-text
         sample = self.samples[-1]
         observation = closing + suffix
         return sample.prompt_ids + sample.completion_ids + observation, observation

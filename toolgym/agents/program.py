@@ -55,12 +55,12 @@ import signal
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from toolgym.agents.custom import EpisodeEnd, RolloutContext, RolloutFn
 from toolgym.agents.endpoint import Endpoint
 from toolgym.agents.trajectory import Trajectory
-from toolgym.envs.calls import EnvironmentBug, InvalidReward, as_reward
+from toolgym.envs.calls import EnvironmentBug, EpisodeFailure, InvalidReward, as_reward
 from toolgym.envs.stepping import failure_status
 from toolgym.sandbox.remote import SandboxError
 
@@ -90,7 +90,7 @@ def program_rollout(program: Program, timeout: float = 600.0) -> RolloutFn:
 
     async def rollout(ctx: RolloutContext, env: Any) -> Trajectory:
         endpoint = await asyncio.to_thread(_endpoint_for, ctx)
-        sampling = ctx._episode.sampling  # this run's temperature (greedy in an evaluation)
+        sampling = ctx.sampling  # this run's temperature (greedy in an evaluation)
         key = endpoint.open_session(sampling.temperature, sampling.top_p)
         failure: EpisodeEnd | None = None
         reward = None
@@ -120,15 +120,11 @@ def program_rollout(program: Program, timeout: float = 600.0) -> RolloutFn:
 
 def _program_status(error: Exception) -> Literal["tool_timeout", "tool_crash", "env_error"]:
     """A failing program is the model's (`tool_crash`) unless it says otherwise
-    (`EnvironmentBug`); an error the environment or its sandbox classified already (it
-    carries `model_caused`: a worker that never started, a call that killed its worker)
-    keeps that classification (`failure_status`)."""
-    if isinstance(error, EnvironmentBug):
-        return "env_error"
-    if hasattr(error, "model_caused") and failure_status(error) == "env_error":
-        return "env_error"
-    if hasattr(error, "model_caused") and failure_status(error) == "tool_timeout":
-        return "tool_timeout"
+    (`EnvironmentBug`); an error the environment or its sandbox classified already (an
+    `EpisodeFailure`: a worker that never started, a call that killed its worker) keeps that
+    classification (`failure_status`)."""
+    if isinstance(error, EpisodeFailure):
+        return cast(Literal["tool_timeout", "tool_crash", "env_error"], failure_status(error))
     return "tool_crash"
 
 

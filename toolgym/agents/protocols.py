@@ -23,11 +23,11 @@ async def chat_rollout(ctx: RolloutContext, env: Any) -> Trajectory:
     call (its text goes to `final_answer`), the environment ends the episode, or a limit.
 
     Prefix-preserving templates make one sequence; others one sample per turn, each turn's
-    prompt the template's rendering of the conversation so far (`ChatRenderer.per_turn`)."""
+    prompt the template's rendering of the conversation so far (`TemplateProfile.per_turn`)."""
     renderer, tools = ctx.renderer, ctx.tools
     trajectory = ctx.start(tools=tools)
     for turn in range(ctx.limits.max_turns):
-        if renderer.per_turn and turn > 0:
+        if renderer.profile.per_turn and turn > 0:
             ctx.next_turn(trajectory, tools)
         generation = await ctx.generate(trajectory)
         parsed = await ctx.parse(generation.text)
@@ -45,11 +45,11 @@ async def chat_rollout(ctx: RolloutContext, env: Any) -> Trajectory:
         images = tool_images(step.messages)
         if images and ctx.vision is None:
             raise EpisodeEnd("env_error", UnrenderableResult(unseen_images()))
-        if renderer.per_turn:
+        if renderer.profile.per_turn:
             continue  # the next turn's prompt is the template's rendering of it all (images too)
-        stopped_on_call_end = generation.last_token == renderer.call_end_id
-        if generation.last_token != renderer.end_of_turn_id and not stopped_on_call_end:
-            ctx.observe_ids(trajectory, [renderer.end_of_turn_id])  # it stopped on EOS
+        stopped_on_call_end = generation.last_token == renderer.profile.call_end_id
+        if generation.last_token != renderer.profile.end_of_turn_id and not stopped_on_call_end:
+            ctx.observe_ids(trajectory, [renderer.profile.end_of_turn_id])  # it stopped on EOS
         try:
             suffix = renderer.tool_suffix_ids(step.messages, tools, stopped_on_call_end)
             if ctx.vision is not None:  # one placeholder per image (none in tool text)
@@ -68,7 +68,8 @@ async def inline_rollout(ctx: RolloutContext, env: Any) -> Trajectory:
     limit. Each generation counts as a turn against `max_turns`; the conversation gets the
     whole turn as one assistant message."""
     markers = list(getattr(env, "inline_markers", ()) or ())
-    trajectory = ctx.start()  # inline episodes call no tools
+    ctx.tools = []  # inline episodes call no tools
+    trajectory = ctx.start()
     start = len(trajectory.completion_ids)
     try:
         for _ in range(ctx.limits.max_turns):

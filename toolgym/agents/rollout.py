@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
-from toolgym.agents.chat import ChatRenderer
+from toolgym.agents.chat import ChatRenderer, TemplateProfile
 from toolgym.agents.custom import EpisodeEnd, RolloutContext, RolloutFn
 from toolgym.agents.engines.base import (
     Completion,
@@ -34,6 +34,8 @@ from toolgym.agents.parsers import Parser, get_parser
 from toolgym.agents.protocols import chat_rollout, inline_rollout
 from toolgym.agents.trajectory import MODEL_FAILURES, Status, Trajectory
 from toolgym.envs.calls import (
+    EpisodeFailure,
+    InfrastructureFailure,
     as_call_list,
     as_episode_metrics,
     run_coroutine,
@@ -41,7 +43,6 @@ from toolgym.envs.calls import (
 from toolgym.envs.inline import InlineStep
 from toolgym.envs.stepping import (
     Steppable,
-    Stepper,
     as_environment,
     failure_status,
     trl_shaped,
@@ -178,6 +179,9 @@ class Agent:
         vision: How the model sees images in tool results (`toolgym.agents.images`; the
             engine must take them: the transformers engine); None: text only, and a tool
             result with an image ends its episode `env_error`, naming why.
+        template_profile: What the template needs and does, learned before by another agent
+            of the same tokenizer and template variables (its `renderer.profile`): the
+            renderer uses it instead of learning it again.
     """
 
     engine: Engine
@@ -192,10 +196,15 @@ class Agent:
     tool_threads: int = 64
     scheduler: Literal["auto", "continuous", "batch"] = "auto"
     vision: VisionInputs | None = None
+    template_profile: TemplateProfile | None = None
 
     def __post_init__(self) -> None:
         self.renderer = ChatRenderer(
-            self.tokenizer, self.chat_template, self.per_turn, **self.chat_template_kwargs
+            self.tokenizer,
+            self.chat_template,
+            self.per_turn,
+            profile=self.template_profile,
+            **self.chat_template_kwargs,
         )
         template = {"chat_template": self.chat_template} if self.chat_template else {}
         self.parse: Parser = get_parser(
@@ -203,6 +212,11 @@ class Agent:
         )
         # One long-lived thread for the engine: torch keeps its thread pool warm there.
         self._engine_thread = ThreadPoolExecutor(1, thread_name_prefix="toolgym-engine")
+
+    def default_rollout(self, env: Steppable) -> RolloutFn:
+        """The rollout function an episode of `env` plays when none is given: the inline
+        protocol for an environment with `inline_markers`, else the chat tool-call loop."""
+        return inline_rollout if getattr(env, "inline_markers", None) else chat_rollout
 
     def run(
         self,
@@ -285,8 +299,10 @@ class Agent:
         return list(await asyncio.gather(*episodes))
 
 
-class Episode:
-    """One environment played to its end; `play()` returns its Trajectory."""
+class Episode(RolloutContext):
+    """One environment played to its end; `play()` returns its Trajectory. It is the context
+    its rollout function gets (`RolloutContext`), and implements the engine and environment
+    calls that context makes, under the agent's limits."""
 
     def __init__(
         self,
@@ -300,18 +316,18 @@ class Episode:
         self.agent, self.batcher = agent, batcher
         self.env: Steppable = env
         self.sampling = sampling or agent.sampling  # read once: never swapped under the episode
-        self.on_message: Callable[[dict[str, Any]], None] = lambda message: None
+        self.on_message = lambda message: None
         """Told of each message as it joins the conversation (`Agent.run`'s `on_message`)."""
-        self.reward: float | None = None
+        self._reward = None
         """A score the rollout function gave the episode itself (`RolloutContext.reward`);
         None: the environment's `get_reward()`."""
-        self.first_prompt_length: int | None = None
+        self.first_prompt_length = None
         """The first prompt's length (set by `RolloutContext.start`): the token budget counts
         every token after it."""
         self.session = uuid.uuid4().hex
         """This episode's key in its engine requests (one server holds its turns)."""
         self.prompt = row.pop("prompt", None)
-        self.row, self.seed = row, seed
+        self._row, self.seed = row, seed
         self.limits = agent.limits
         self.metrics = dict.fromkeys(
             (
@@ -331,40 +347,37 @@ class Episode:
         environment with `inline_markers`, else the chat tool-call loop); its trajectory
         (never raises)."""
         try:
-            row = self.row
+            row = self._row
             if self.prompt is not None and trl_shaped(self.env):  # TRL's reset sees the prompt
                 row = {**row, "prompt": self.prompt}
             first = await asyncio.to_thread(self.env.reset, seed=self.seed, **row)
             joiner = "" if trl_shaped(self.env) else "\n\n"  # TRL appends it as it is
-            context = RolloutContext(self, _prompt_messages(self.prompt, first, joiner))
-            if rollout_fn is None:
-                inline = getattr(self.env, "inline_markers", None)
-                rollout_fn = inline_rollout if inline else chat_rollout
-                context.tools = [] if inline else context.tools
+            self._open(_prompt_messages(self.prompt, first, joiner))
+            rollout_fn = rollout_fn or self.agent.default_rollout(self.env)
         except Exception as error:
             return await self._finish(
                 Trajectory(messages=_prompt_messages(self.prompt, None)), "env_error", error
             )
         try:
-            trajectory = await rollout_fn(context, self.env)
+            trajectory = await rollout_fn(self, self.env)
             if not isinstance(trajectory, Trajectory):
                 raise TypeError(
                     f"the rollout function returned {type(trajectory).__name__}, not a Trajectory"
                 )
         except EpisodeEnd as end:
-            return await self._finish(context.trajectory or Trajectory(), end.status, end.error)
+            return await self._finish(self.trajectory or Trajectory(), end.status, end.error)
         except Exception as error:
-            failed = context.trajectory or Trajectory()
-            what = "the rollout function failed" if context.trajectory else "the episode failed"
+            failed = self.trajectory or Trajectory()
+            what = "the rollout function failed" if self.trajectory else "the episode failed"
             return await self._finish(failed, "env_error", f"{what}: {error!r}")
-        return await self._finish(trajectory, "length" if context.hit_length else "finished")
+        return await self._finish(trajectory, "length" if self.hit_length else "finished")
 
-    async def final_answer(self, text: str) -> None:
+    async def _env_final_answer(self, text: str) -> None:
         """The environment's `final_answer`, off the event loop and under the tool timeout
         (a sandbox that died or hangs ends this episode, not the run)."""
         await self._env_call(asyncio.to_thread(self.env.final_answer, text), "final_answer")
 
-    async def inline_step(self, text: str) -> InlineStep:
+    async def _env_inline_step(self, text: str) -> InlineStep:
         """The environment's `inline_step`, counted as a tool call, under the tool timeout."""
         step = await self._env_call(self.env.ainline_step(text), "inline_step")
         self.metrics["tool_calls"] += 1
@@ -379,7 +392,7 @@ class Episode:
         context = self.agent.engine.context_length - length
         return min(self.limits.max_episode_tokens - used, context)
 
-    async def generate(
+    async def _complete(
         self, trajectory: Trajectory, stop_strings: list[str] | None = None
     ) -> Completion:
         """A completion continuing `trajectory` under the episode's limits (not appended)."""
@@ -390,7 +403,7 @@ class Episode:
             max_tokens=min(self.limits.max_new_tokens, room),
             temperature=self.sampling.temperature,
             top_p=self.sampling.top_p,
-            stop_token_ids=self.agent.renderer.stop_token_ids,
+            stop_token_ids=list(self.agent.renderer.profile.stop_token_ids),
             stop_strings=stop_strings or [],
         )
         started = time.perf_counter()
@@ -404,7 +417,7 @@ class Episode:
         finally:
             self.metrics["generation_seconds"] += time.perf_counter() - started
 
-    async def call_tools(self, calls: Any) -> Any:
+    async def _call_tools(self, calls: Any) -> Any:
         """The environment's `astep` under the limits of one turn; counts calls and failures.
 
         A turn of more than `max_tool_calls_per_turn` calls runs none of them (the episode
@@ -419,14 +432,11 @@ class Episode:
                 f"{len(calls)} tool calls in one turn; at most "
                 f"{limits.max_tool_calls_per_turn} (AgentLimits.max_tool_calls_per_turn)",
             )
-        if isinstance(self.env, Stepper):
-            work = self.env.astep(
-                calls, call_timeout=limits.tool_call_timeout, turn_timeout=limits.tool_timeout
-            )
-            # the Stepper keeps the limits; this one only stops an event loop held too long
-            backstop = limits.tool_timeout + min(limits.tool_timeout, 5.0)
-        else:
-            work, backstop = self.env.astep(calls), limits.tool_timeout
+        work = self.env.astep(
+            calls, call_timeout=limits.tool_call_timeout, turn_timeout=limits.tool_timeout
+        )
+        # the environment keeps the limits; this one only stops an event loop held too long
+        backstop = limits.tool_timeout + min(limits.tool_timeout, 5.0)
         step = await self._env_call(work, "tool calls", backstop)
         if len(step.results) == len(step.messages):  # each message names its call's failure
             for message, result in zip(step.messages, step.results, strict=True):
@@ -438,19 +448,19 @@ class Episode:
     async def _env_call(self, call: Awaitable[T], what: str, timeout: float | None = None) -> T:
         """One of the model's calls into the environment (its tool calls, its text for
         `inline_step` or `final_answer`) under the tool timeout, its time counted as tool
-        time. A hang is the model's `tool_timeout`; an exception the sandbox marks as the
-        model's doing (`model_caused`) is `tool_crash` (a timeout it marks so,
-        `tool_timeout`); any other exception is the environment itself failing, `env_error`
-        (model mistakes never raise out of the environment)."""
+        time. A hang is the model's `tool_timeout` (unless the infrastructure's, an
+        `InfrastructureFailure`); a `ModelFailure` is `tool_crash` (a timeout, `tool_timeout`);
+        any other exception is the environment itself failing, `env_error` (model mistakes
+        never raise out of the environment): `failure_status`, the one rule."""
         started = time.perf_counter()
         if timeout is None:  # one call: its own limit and the turn's
             timeout = min(self.limits.tool_call_timeout, self.limits.tool_timeout)
         try:
             return await asyncio.wait_for(call, timeout)
         except TimeoutError as error:
-            if getattr(error, "infrastructure", False):  # a lost node, not the model
+            if isinstance(error, InfrastructureFailure):  # a lost node, not the model
                 raise EpisodeEnd("env_error", error) from error
-            if hasattr(error, "model_caused"):  # the sandbox's own limit on the request
+            if isinstance(error, EpisodeFailure):  # the sandbox's own limit on the request
                 raise EpisodeEnd("tool_timeout", error) from error
             raise EpisodeEnd("tool_timeout", f"{what} took over {timeout:g} s") from error
         except Exception as error:
@@ -464,7 +474,7 @@ class Episode:
         if (
             completion.finish_reason == "stop"
             and ids
-            and ids[-1] in self.agent.renderer.stop_token_ids
+            and ids[-1] in self.agent.renderer.profile.stop_token_ids
         ):
             ids = ids[:-1]
         return self.agent.tokenizer.decode(ids, skip_special_tokens=False)
@@ -479,8 +489,8 @@ class Episode:
             read_metrics = None
         what = "get_reward"
         try:
-            own = self.reward is not None  # the rollout function scored it
-            value = self.reward if own else await self._read(self.env.get_reward)
+            own = self._reward is not None  # the rollout function scored it
+            value = self._reward if own else await self._read(self.env.get_reward)
             reward = None if value is None else float(value)  # None: no reward (TRL, OpenEnv)
             if reward is not None and not math.isfinite(reward):  # a NaN poisons its group
                 raise ValueError(f"the reward is {reward}, not a finite number")
@@ -516,7 +526,7 @@ class Episode:
         if len(trajectory.samples) > 1 and not trajectory.completion_ids:
             trajectory.samples.pop()  # a turn's prompt that got no tokens (a limit ended it)
         trajectory.metrics = self.metrics
-        trajectory.row = {k: v for k, v in self.row.items() if _is_plain(v)}
+        trajectory.row = {k: v for k, v in self._row.items() if _is_plain(v)}
         return trajectory
 
 

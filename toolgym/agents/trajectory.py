@@ -37,8 +37,9 @@ particular (issue 32 item 5):
   `inline_step` / `final_answer`. An environment whose tools can hang for reasons of its own
   (a remote service) must bound them itself and report the failure in the result.
 - `tool_crash`: a sandbox worker that was alive when the model's call began and died, broke
-  the protocol or ran out of memory during it (`SandboxError.model_caused`): the model's code
-  exhausted memory, killed its worker, or wrote to the protocol channel.
+  the protocol or ran out of memory during it (a `ModelFailure`,
+  `toolgym.sandbox.remote.model_caused`): the model's code exhausted memory, killed its
+  worker, or wrote to the protocol channel.
 - `too_many_calls`: the turn is not run at all; the episode ends.
 
 Only failures the model cannot cause are `INFRASTRUCTURE_FAILURES`, left out of baselines and
@@ -97,7 +98,7 @@ class Trajectory:
         samples: What the update trains on: one `Sample` for an episode played as one sequence
             (prompt, then model and observation tokens interleaved), one per assistant turn for
             episodes built turn by turn (templates that are not prefix-preserving,
-            `ChatRenderer.per_turn`: each turn's prompt is the template's rendering of the
+            `TemplateProfile.per_turn`: each turn's prompt is the template's rendering of the
             conversation before it). The last sample is the episode as the model last saw it.
         messages: The conversation: prompt messages, then assistant and tool messages (assistant
             turns: parsed `content`, `reasoning_content`, `tool_calls`, and `raw_content`).

@@ -240,18 +240,34 @@ def fused_policy_loss(
         logprobs = full_logprobs(model, input_ids, attention_mask, temperature)
         old = logprobs.detach() if old_logprobs is None else old_logprobs
         return policy_loss(
-            logprobs, old, advantages, mask, normalizer, ref_logprobs=ref_logprobs,
-            sampling_logprobs=sampling_logprobs, episode_tokens=episode_tokens, **fields,
-        )  # fmt: skip
+            logprobs,
+            old,
+            advantages,
+            mask,
+            normalizer,
+            ref_logprobs=ref_logprobs,
+            sampling_logprobs=sampling_logprobs,
+            episode_tokens=episode_tokens,
+            **fields,
+        )
     sampling = sampling_logprobs if settings.corrects else None
     advantage = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
     per_token: dict[str, torch.Tensor | None] = dict(advantage=advantage.expand_as(mask))
     per_token |= dict(old=old_logprobs, ref=ref_logprobs if settings.beta > 0 else None)
     per_token["sampling"] = sampling
     logprobs, loss = _fused(
-        model, input_ids, attention_mask, mask, normalizer, episode_tokens, per_token,
-        replace(settings, transform=LogitTransform.of(model)), chunk_size, compiled, share_prefix,
-    )  # fmt: skip
+        model,
+        input_ids,
+        attention_mask,
+        mask,
+        normalizer,
+        episode_tokens,
+        per_token,
+        replace(settings, transform=LogitTransform.of(model)),
+        chunk_size,
+        compiled,
+        share_prefix,
+    )
     # the figures for the logs, from the same logprobs (no gradient, (B, T) only)
     old = logprobs if old_logprobs is None else old_logprobs
     terms = loss_terms(logprobs, old, advantage, settings, ref_logprobs, sampling_logprobs, mask)

@@ -122,9 +122,15 @@ class GRPOTrainer:
         self.agent = training_agent(args, self.engine, tokenizer, self.vision)
         process = (self.accelerator.process_index, self.accelerator.num_processes)
         self.sampler = Sampler(  # plays and scores episodes; it needs nothing of the learner
-            self.agent, self._make_env, self.train_rows, args, reward_funcs or [], rollout_fn,
-            process, self.stages,
-        )  # fmt: skip
+            self.agent,
+            self._make_env,
+            self.train_rows,
+            args,
+            reward_funcs or [],
+            rollout_fn,
+            process,
+            self.stages,
+        )
         self.step, self._last_step_end = 0, 0.0
         self._engine_version, self._synced = 0, False  # the step the engine's weights are of
         self.versions = PolicyVersions(self.engine)
@@ -242,9 +248,13 @@ class GRPOTrainer:
         credit = None
         if self.args.credit == "turn":
             credit = batch_credit(
-                trajectories, everyone, share, self.args.num_generations,
-                self.args.scale_rewards, self.learner.gather,
-            )  # fmt: skip
+                trajectories,
+                everyone,
+                share,
+                self.args.num_generations,
+                self.args.scale_rewards,
+                self.learner.gather,
+            )
         update_started = time.perf_counter()
         with self.stages.stage("update"):
             loss_stats = self.learner.update(

@@ -8,7 +8,6 @@ environments (`toolgym.algorithms.sampler` plays the episodes, `GRPOTrainer` joi
 
 from __future__ import annotations
 
-import copy
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -34,17 +33,9 @@ from toolgym.algorithms.losses import (
     token_logprobs,
 )
 from toolgym.algorithms.optim import adamw
+from toolgym.algorithms.placement import frozen_copy, placement_for
 from toolgym.algorithms.prefix_sharing import share_prefix_by_default
 from toolgym.algorithms.sft import warmup_sft
-from toolgym.algorithms.sharding import (
-    check_fsdp_config,
-    fsdp_requested,
-    full_optimizer_state,
-    full_weights,
-    same_weights_everywhere,
-    shard_policy,
-    without_aliases,
-)
 from toolgym.algorithms.stages import StageClock
 from toolgym.algorithms.warmup_cache import cached_warmup
 
@@ -73,71 +64,55 @@ class Learner:
         refuse_images_across_processes(vision, accelerator.num_processes)
         if accelerator.num_processes > 1:  # a rank whose launcher is gone ends itself
             watch_launcher(accelerator.process_index)
-        self.sharded = fsdp_requested() and accelerator.num_processes > 1
-        """Whether the policy is sharded over the processes (FSDP2, `sharding`)."""
-        if self.sharded:
-            check_fsdp_config(args)
-            model = same_weights_everywhere(model, accelerator.device)
+        self.placement = placement_for(accelerator, args)
+        """Where the weights live over the processes (replicated, or sharded by FSDP2)."""
+        model = self.placement.before_adapters(model)
         if args.lora is not None:
             model = _with_lora(model, args.lora)
         if args.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         self.ref_model = frozen_copy(model) if args.beta > 0 else None
         """The policy the KL term anchors to (None without one: `beta` 0)."""
-        self.replica = frozen_copy(model) if self.sharded and args.engine != "vllm-server" else None
-        """Under sharding, the full copy an in-process engine starts from (and the
-        transformers engine samples from, refreshed by `engine_weights`); None otherwise."""
-        if self.sharded:
-            model = shard_policy(model, accelerator.device)
-        optimizer = adamw(
-            [p for p in model.parameters() if p.requires_grad],
-            lr=args.learning_rate,
-            betas=args.adam_betas,
-            weight_decay=args.weight_decay,
+        self.model, self.optimizer, self.scheduler = self.placement.place(
+            model,
+            lambda placed: adamw(
+                [p for p in placed.parameters() if p.requires_grad],
+                lr=args.learning_rate,
+                betas=args.adam_betas,
+                weight_decay=args.weight_decay,
+            ),
+            lambda optimizer: get_scheduler(
+                args.lr_scheduler, optimizer, args.warmup_steps, args.max_steps
+            ),
         )
-        self.scheduler = get_scheduler(
-            args.lr_scheduler, optimizer, args.warmup_steps, args.max_steps
-        )
-        if self.sharded:  # accelerate would not shard on the CPU (see `sharding`)
-            self.model, self.optimizer = model, optimizer
-        else:
-            self.model, self.optimizer = accelerator.prepare(model, optimizer)
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the policy is sharded over the processes (FSDP2, `sharding`)."""
+        return self.placement.sharded
 
     @property
     def policy(self) -> Any:
         """The model without accelerate's wrapping (what is saved; sharded under FSDP)."""
-        return self.model if self.sharded else self.accelerator.unwrap_model(self.model)
+        return self.placement.policy(self.model)
 
     @property
     def engine_policy(self) -> Any:
         """The model an in-process engine samples from: the policy, or its full replica
         under sharding (None there for servers)."""
-        return self.replica if self.sharded else self.policy
+        return self.placement.engine_policy(self.model)
 
     def engine_weights(self) -> tuple[Any, dict[str, torch.Tensor] | None]:
         """What a weight sync hands the engine: (the model it samples from, the full weights
         or None to take them from that model). Under sharding a collective: the full weights
         are gathered in every process and the replica is refreshed with them."""
-        if not self.sharded:
-            return self.policy, None
-        if self.args.engine == "vllm":
-            self.replica = None  # vLLM holds its own copy: it was only needed to start it
-        # servers get the weights from the main process alone (NCCL sends from the device)
-        main_only = self.args.engine == "vllm-server" and self.args.weight_sync != "nccl"
-        state = full_weights(self.model, main_only=main_only)
-        if self.replica is not None:
-            self.replica.load_state_dict(state)
-        return self.replica, state
+        return self.placement.engine_weights(self.model)
 
     def anchor_reference(self) -> None:
         """Make the KL term's reference the current policy (after a warm-up; a collective
         under sharding)."""
-        if self.ref_model is None:
-            return
-        if self.sharded:
-            self.ref_model.load_state_dict(full_weights(self.model))
-        else:
-            self.ref_model = frozen_copy(self.policy)
+        if self.ref_model is not None:
+            self.ref_model = self.placement.reference(self.model, self.ref_model)
 
     def warm_up(
         self,
@@ -237,11 +212,7 @@ class Learner:
 
     def _clip_gradients(self) -> float:
         """Clip the gradients' total norm to `max_grad_norm`; returns the norm before."""
-        parameters, limit = self.model.parameters(), self.args.max_grad_norm
-        if not self.sharded:
-            return float(self.accelerator.clip_grad_norm_(parameters, limit))
-        norm = torch.nn.utils.clip_grad_norm_(parameters, limit)  # a DTensor: one per process
-        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        return self.placement.clip_gradients(self.model, self.args.max_grad_norm)
 
     @property
     def learning_rate(self) -> float:
@@ -321,18 +292,21 @@ class Learner:
         """A checkpoint: the main process writes the model, optimizer and schedule; every
         process writes its own random states (each samples with its own seed)."""
         self.accelerator.wait_for_everyone()
-        weights, optimizer_state = None, None
-        if self.sharded:  # collectives: every process gathers, the main one writes
-            weights = without_aliases(self.model, full_weights(self.model, main_only=True))
-            optimizer_state = full_optimizer_state(self.model, self.optimizer)
+        weights, optimizer_state = self.placement.checkpoint_state(self.model, self.optimizer)
         if not self.accelerator.is_main_process:
             save_random_states(folder, self.accelerator.process_index)
             self.accelerator.wait_for_everyone()
             return None
         saved = save_checkpoint(
-            folder, self.policy, tokenizer, self.optimizer, self.scheduler, step,
-            weights=weights, optimizer_state=optimizer_state,
-        )  # fmt: skip
+            folder,
+            self.policy,
+            tokenizer,
+            self.optimizer,
+            self.scheduler,
+            step,
+            weights=weights,
+            optimizer_state=optimizer_state,
+        )
         self.accelerator.wait_for_everyone()
         return saved
 
@@ -363,14 +337,6 @@ def load_policy(name: str, tokenizer: Any = None) -> tuple[Any, Any]:
     from toolgym.agents.models import load_model, load_tokenizer
 
     return load_model(name), tokenizer or load_tokenizer(name)
-
-
-def frozen_copy(model: Any) -> Any:
-    """A copy of `model` in eval mode with no gradients (the KL term's reference)."""
-    reference = copy.deepcopy(model).eval()
-    for parameter in reference.parameters():
-        parameter.requires_grad_(False)
-    return reference
 
 
 def _with_lora(model: Any, lora: dict[str, Any]) -> Any:

@@ -222,9 +222,8 @@ class Sampler:
             renderer.tokenizer,
             seeds=list(range(len(rows))),
             parser=self.args.parser,
-            chat_template=renderer.chat_template,  # a training template, if chosen
             chat_template_kwargs=self.args.chat_template_kwargs,
-            per_turn=renderer.per_turn,
+            template_profile=renderer.profile,  # the same template, training one included
         )
 
     def step_rows(self, step: int) -> tuple[list[Row], list[int]]:

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from toolgym.agents.chat import TemplateProfile
 from toolgym.agents.engines.scripted import ScriptedEngine
 from toolgym.agents.rollout import Agent, AgentLimits
 from toolgym.agents.trajectory import Trajectory
@@ -43,12 +44,14 @@ def demonstrations(
     chat_template: str | None = None,
     chat_template_kwargs: dict[str, Any] | None = None,
     per_turn: bool | None = None,
+    template_profile: TemplateProfile | None = None,
 ) -> list[Trajectory]:
     """Play each row with the environment's expert; returns the demonstration trajectories
     (built as the RL episodes will be: the same template, template variables and per-turn
     choice). `make_env` makes each row's environment: `episode_factory("Wordle-v0")` (an id,
     a class, a factory of no arguments, tool functions, several by name), or a trainer's
-    `make_env`.
+    `make_env`. `template_profile` (an agent's `renderer.profile`) renders with what that
+    agent learned of the template, its training template included, without learning it again.
 
     Raises:
         ValueError: The environment offers no demonstrations.
@@ -61,6 +64,7 @@ def demonstrations(
         chat_template=chat_template,
         chat_template_kwargs=dict(chat_template_kwargs or {}),
         per_turn=per_turn,
+        template_profile=template_profile,
     )
     trajectories: list[Trajectory] = []
     for row, seed in zip(rows, seeds, strict=True):

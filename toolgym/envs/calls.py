@@ -60,7 +60,36 @@ class ToolError(Exception):
     """
 
 
-class EnvironmentBug(Exception):
+class EpisodeFailure(Exception):
+    """A failure that ends an episode, typed by whose doing it is: the one hierarchy every
+    layer reads (`toolgym.envs.stepping.failure_status` turns it into the episode's status).
+
+    - `ModelFailure`: the model's doing (its call crashed or killed what ran it, or ran past
+      its time): `tool_crash`, or `tool_timeout` for one that is also a `TimeoutError`; in
+      the loss.
+    - `EnvironmentFailure`: the environment's own (`EnvironmentBug`): `env_error`, left out of
+      baselines and the loss.
+    - `InfrastructureFailure`: an environment failure known to be the infrastructure's
+      whatever the call was doing (a lost node or Ray actor): `env_error`, never the model's.
+
+    An `EpisodeFailure` of none of the three (a sandbox failure not traced to the model's
+    call, such as a worker that never started) is the environment's too.
+    """
+
+
+class ModelFailure(EpisodeFailure):
+    """The model's doing: in the loss (`tool_crash`; `tool_timeout` if also a TimeoutError)."""
+
+
+class EnvironmentFailure(EpisodeFailure):
+    """The environment's own failure: `env_error`, left out of the loss."""
+
+
+class InfrastructureFailure(EnvironmentFailure):
+    """The infrastructure's failure whatever the call was doing (a lost node or actor)."""
+
+
+class EnvironmentBug(EnvironmentFailure):
     """Raise from an environment's code to say a failure is its own, not the model's: the
     episode ends `env_error` and leaves the loss (as an infrastructure failure does).
 
@@ -73,14 +102,11 @@ class EnvironmentBug(Exception):
     """
 
 
-class ModelCausedError(RuntimeError):
+class ModelCausedError(ModelFailure, RuntimeError):
     """The environment's code raised while it handled the model's text (`inline_step`,
     `final_answer`) and did not mark the failure its own (`EnvironmentBug`): the episode ends
-    `tool_crash`, the model's outcome. Carries the original exception as its cause."""
-
-    model_caused = True
-    """Read by `toolgym.envs.stepping.failure_status` (and by the sandbox's host side, which
-    gets this class's name back from a worker)."""
+    `tool_crash`, the model's outcome. Carries the original exception as its cause. (A
+    sandbox's host side gets this class's name back from a worker.)"""
 
 
 MAX_REWARD = 1e6

@@ -42,19 +42,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from toolgym.envs.calls import ToolCall, ToolResult
+from toolgym.envs.calls import ModelFailure, ToolCall, ToolResult
 from toolgym.envs.mcp_session import MCPSession, Server, is_url, server_argv
 from toolgym.envs.rows import rows_builder
 from toolgym.envs.stepping import Executor, Stepper
 from toolgym.envs.tools import SchemaTool, Tool, image_blocks, render_result
 
 
-class ServerGone(RuntimeError):
+class ServerGone(ModelFailure, RuntimeError):
     """The server's connection closed during one of the model's calls (a stdio server whose
     process exited): the episode ends `tool_crash`, the model's outcome, as when a call kills
     its sandbox worker (`toolgym.envs.stepping.failure_status`)."""
-
-    model_caused = True
 
 
 @dataclass

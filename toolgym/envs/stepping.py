@@ -1,8 +1,9 @@
 """Stepping: one object runs a turn's tool calls, wherever the environment lives.
 
-`Stepper` owns what every environment shares: the tool table, argument checks, turn counting
-and truncation, the error messages the model reads, `StepResult`, and the lifecycle (a
-context manager). An *executor* owns where the environment's state lives and runs checked
+`Stepper` owns what every environment shares: the tool table, argument checks, the episode's
+state (`EpisodeState`: turns, truncation, the answer, a failure that ended it, the reward read
+once), the error messages the model reads, `StepResult`, and the lifecycle (a context
+manager). An *executor* owns where the environment's state lives and runs checked
 calls there, through a small interface (`Executor`): `LocalExecutor` in this process, and the
 sandbox room's `RemoteExecutor` in a worker process or a container.
 
@@ -27,9 +28,12 @@ from toolgym.envs.calls import (
     AnyToolCall,
     Demonstration,
     EnvironmentBug,
+    EnvironmentFailure,
+    EpisodeFailure,
     FailureKind,
     MalformedToolCall,
     ModelCausedError,
+    ModelFailure,
     PreparedCall,
     StepResult,
     ToolCall,
@@ -40,6 +44,7 @@ from toolgym.envs.calls import (
     run_coroutine,
 )
 from toolgym.envs.core import begin_episode
+from toolgym.envs.episode_state import EpisodeState
 from toolgym.envs.functions import function_tools, is_function_list
 from toolgym.envs.inline import InlineStep, as_inline_step
 from toolgym.envs.seeding import global_random_seeded, warn_if_unseedable
@@ -80,8 +85,15 @@ class Steppable(Protocol):
         """Run one turn's tool calls and answer each with a tool message."""
         ...
 
-    async def astep(self, tool_calls: AnyToolCall | Iterable[AnyToolCall]) -> StepResult:
-        """`step` without blocking the event loop."""
+    async def astep(
+        self,
+        tool_calls: AnyToolCall | Iterable[AnyToolCall],
+        *,
+        call_timeout: float | None = None,
+        turn_timeout: float | None = None,
+    ) -> StepResult:
+        """`step` without blocking the event loop, with time limits for each call and for the
+        turn's calls together (a call past either ends the episode `tool_timeout`)."""
         ...
 
     def get_reward(self) -> float | None:
@@ -344,20 +356,17 @@ def _episode_over(call: ToolCall | MalformedToolCall) -> ToolResult:
 
 
 def failure_status(error: BaseException) -> FailureKind:
-    """The episode status of an executor's failure during one of the model's calls: the one
-    rule for whose a failure is.
+    """The episode status of a failure during one of the model's calls: the one rule for whose
+    a failure is, read from its type (`toolgym.envs.calls.EpisodeFailure`).
 
-    An error marked `model_caused` is the model's outcome, in the loss: `tool_timeout` for a
-    timeout, `tool_crash` for the rest. Marked so are the environment's own code raising on
-    the model's text (`ModelCausedError`, locally or from a sandbox worker) and a sandbox
-    worker that was alive when the model's call began and died, broke the protocol or ran
-    out of time while running it. Anything else is `env_error`, left out of the loss: an
-    `EnvironmentBug` the environment raised, a worker that never started, a lost node
-    (`infrastructure`). Duck-typed: the sandbox room's `SandboxError` carries `model_caused`
-    (no import here)."""
-    if isinstance(error, EnvironmentBug):
-        return "env_error"
-    if getattr(error, "model_caused", False) and not getattr(error, "infrastructure", False):
+    A `ModelFailure` is the model's outcome, in the loss: `tool_timeout` for a timeout,
+    `tool_crash` for the rest. Such are the environment's own code raising on the model's text
+    (`ModelCausedError`, locally or from a sandbox worker) and a sandbox worker that was alive
+    when the model's call began and died, broke the protocol or ran out of time while running
+    it (the sandbox room's model-caused errors). Anything else is `env_error`, left out of the
+    loss: an `EnvironmentBug` the environment raised, a worker that never started, a lost node
+    (`InfrastructureFailure`), an exception of no failure type."""
+    if isinstance(error, ModelFailure) and not isinstance(error, EnvironmentFailure):
         return "tool_timeout" if isinstance(error, TimeoutError) else "tool_crash"
     return "env_error"
 
@@ -367,26 +376,45 @@ class Stepper:
 
     Attributes:
         executor: Where the instance lives.
-        turn: Turns (assistant messages with tool calls) taken in this episode.
-        truncated: The episode reached `max_turns` without the environment ending it.
+        state: Where the episode stands (`EpisodeState`: turns, truncation, the answer, the
+            failure that ended it, the reward read once); the Stepper writes it (and `turn`
+            may be set, e.g. by a caller resuming a game).
     """
 
     def __init__(self, executor: Executor) -> None:
         self.executor = executor
-        self.turn = 0
-        self.truncated = False
-        self.answered = False
-        """A tool marked `ends_episode` succeeded: the model answered."""
-        self.started = False
+        self.state = EpisodeState()
+
+    @property
+    def turn(self) -> int:
+        """Turns (assistant messages with tool calls) taken in this episode."""
+        return self.state.turn
+
+    @turn.setter
+    def turn(self, value: int) -> None:
+        self.state.turn = value
+
+    @property
+    def truncated(self) -> bool:
+        """The episode reached `max_turns` without the environment ending it."""
+        return self.state.truncated
+
+    @property
+    def answered(self) -> bool:
+        """A tool marked `ends_episode` succeeded, or the final answer was given."""
+        return self.state.answered
+
+    @property
+    def started(self) -> bool:
         """Whether an episode was started (stepping before `reset` is a programming error)."""
-        self.ended: tuple[FailureKind, str] | None = None
+        return self.state.started
+
+    @property
+    def ended(self) -> tuple[FailureKind, str] | None:
         """The failure that ended the episode during a call, as (status, what happened): the
         executor failed (`failure_status`) or a call ran past its time limit (`astep`); later
         calls are refused."""
-        self._final_reward: tuple[float | None] | None = None
-        """The reward read once the episode was over (classes without per-step rewards)."""
-        self._began_over = False
-        """The step being run began after the episode was over."""
+        return self.state.ended
 
     @property
     def unwrapped(self) -> Any:
@@ -407,8 +435,7 @@ class Stepper:
 
     def begin_episode(self) -> None:
         """Clear the turn count and the last episode's end (called by `reset`)."""
-        self.turn, self.truncated, self.answered, self.started = 0, False, False, True
-        self.ended, self._final_reward = None, None
+        self.state.begin()
         self.executor.begin_episode()
 
     @property
@@ -453,11 +480,12 @@ class Stepper:
         """The episode's reward: read from the environment now, or, for a class without
         per-step rewards whose episode is over, the value read once when it ended. None means
         "no reward" (as in TRL: no crash; a reward source with no value for an episode)."""
-        if self._final_reward is not None:
-            return self._final_reward[0]
+        state = self.state
+        if state.final_reward is not None:
+            return state.final_reward[0]
         value = self.executor.read_reward()
-        if not self.reward_per_step and self.started and self._is_over() and not self.ended:
-            self._final_reward = (value,)
+        if not self.reward_per_step and state.started and self._is_over() and not state.ended:
+            state.final_reward = (value,)
         return value
 
     def final_answer(self, text: str) -> None:
@@ -466,7 +494,7 @@ class Stepper:
         grade once)."""
         if self._is_over():
             return
-        self.answered = True
+        self.state.answered = True
         self.executor.final_answer(text)
 
     def demonstration(self) -> Demonstration | None:
@@ -498,17 +526,14 @@ class Stepper:
 
     def _begin_inline(self) -> bool:
         """Count a turn; True if the episode is over (nothing may run)."""
-        if not self.started:
+        if not self.state.started:
             raise RuntimeError(f"{self.executor.target.__name__}: call reset() before stepping")
-        if self._is_over():
-            return True
-        self.turn += 1
-        return False
+        return self.state.open_turn(self.done)
 
     def _end_inline(self, step: InlineStep) -> InlineStep:
-        if self.max_turns is not None and self.turn >= self.max_turns and not self.done:
-            self.truncated = True
-        step.done = step.done or self.done
+        done = self.done
+        self.state.close_turn(self.max_turns, done)
+        step.done = step.done or done
         return step
 
     def close(self) -> None:
@@ -532,7 +557,7 @@ class Stepper:
         call (a sandbox worker that died or timed out) is not an exception either: that call's
         result names the failure, the episode ends (`terminated`), and `info["ended"]` holds
         its status (`failure_status`) and `info["error"]` what happened."""
-        calls, reward_before = self._begin_step(tool_calls)
+        calls, reward_before, began_over = self._begin_step(tool_calls)
         results = []
         for call in calls:
             checked = self._check(call)
@@ -544,7 +569,7 @@ class Stepper:
             except Exception as error:
                 result = self._failed(checked[0], failure_status(error), _describe(error))
             results.append(self._note_answer(result))
-        return self._end_step(results, reward_before)
+        return self._end_step(results, reward_before, began_over)
 
     async def astep(
         self,
@@ -559,7 +584,7 @@ class Stepper:
         that add up): it is stopped (a sandbox worker is killed; a sync tool's thread is left
         to finish), its result says why, and the episode ends with `info["ended"]` =
         `tool_timeout`."""
-        calls, reward_before = self._begin_step(tool_calls)
+        calls, reward_before, began_over = self._begin_step(tool_calls)
         deadline = None if turn_timeout is None else time.monotonic() + turn_timeout
         results = []
         for call in calls:
@@ -577,62 +602,62 @@ class Stepper:
                 async with scope:
                     result = await self.executor.arun(*checked)
             except TimeoutError as error:
-                if scope.expired() and not hasattr(error, "model_caused"):
+                if scope.expired() and not isinstance(error, EpisodeFailure):
                     result = self._failed(checked[0], "tool_timeout", f"{name} {why}")
                 else:
                     result = self._failed(checked[0], failure_status(error), _describe(error))
             except Exception as error:
                 result = self._failed(checked[0], failure_status(error), _describe(error))
             results.append(self._note_answer(result))
-        return self._end_step(results, reward_before)
+        return self._end_step(results, reward_before, began_over)
 
     def _failed(self, call: ToolCall, status: FailureKind, what: str) -> ToolResult:
         """A call the executor could not finish: the episode ends with `status`."""
-        self.ended = (status, what)
+        self.state.fail(status, what)
         return ToolResult(call, f"Error: {what}. The episode is over.", status)
 
     def _note_answer(self, result: ToolResult) -> ToolResult:
         tool = self.table.get(getattr(result.call, "name", ""))
         if result.ok and tool is not None and tool.ends_episode:
-            self.answered = True
+            self.state.answered = True
         return result
 
     def _is_over(self) -> bool:
-        return self.ended is not None or self.done or self.truncated or self.answered
+        return self.state.over(self.done)
 
     def _begin_step(
         self, tool_calls: AnyToolCall | Iterable[AnyToolCall]
-    ) -> tuple[list[ToolCall | MalformedToolCall], float | None]:
-        """The calls, and the reward before them: a number with per-step rewards (the step
-        reports the change), else None (nothing is read here)."""
-        if not self.started:
+    ) -> tuple[list[ToolCall | MalformedToolCall], float | None, bool]:
+        """The calls, the reward before them (a number with per-step rewards: the step
+        reports the change; else None, nothing is read here), and whether the step began
+        after the episode was over (counting a turn otherwise)."""
+        if not self.state.started:
             raise RuntimeError(f"{self.executor.target.__name__}: call reset() before step()")
         calls = as_call_list(tool_calls)
-        self._began_over = self._is_over()
-        if not self._began_over:
-            self.turn += 1
-        return calls, (_number(self.get_reward()) if self.reward_per_step else None)
+        began_over = self.state.open_turn(self.done)
+        return calls, (_number(self.get_reward()) if self.reward_per_step else None), began_over
 
-    def _step_reward(self, before: float | None) -> float:
+    def _step_reward(self, before: float | None, began_over: bool) -> float:
         """A step's reward: the change (per-step rewards), else the episode's reward at the
         step that ends it (read once) and 0 before it; 0 for a step after the end, or when a
         failure ended it (the environment may be gone: the agent reads what it can)."""
         if before is not None:
             return _number(self.get_reward()) - before
-        if self._began_over or self.ended is not None or not self._is_over():
+        if began_over or self.state.ended is not None or not self._is_over():
             return 0.0
         return _number(self.get_reward())
 
-    def _end_step(self, results: list[ToolResult], reward_before: float | None) -> StepResult:
-        done = self.done
-        if self.max_turns is not None and self.turn >= self.max_turns and not done:
-            self.truncated = not self.answered
+    def _end_step(
+        self, results: list[ToolResult], reward_before: float | None, began_over: bool
+    ) -> StepResult:
+        state, done = self.state, self.done
+        state.close_turn(self.max_turns, done)
         return StepResult(
             messages=[r.message for r in results],
-            reward=self._step_reward(reward_before),
-            terminated=done or self.answered or self.ended is not None,
-            truncated=self.truncated,
-            info=_step_info(results, self.turn, self.answered, self.ended),
+            reward=self._step_reward(reward_before, began_over),
+            terminated=done or state.answered or state.ended is not None,
+            truncated=state.truncated,
+            info=_step_info(results, state.turn, state.answered, state.ended),
             results=results,
         )
 
@@ -645,13 +670,7 @@ class Stepper:
                 call, f"Error: could not parse the tool call: {call.reason}", "malformed"
             )
         if self._is_over():
-            if self.truncated and not (self.done or self.answered or self.ended):
-                return ToolResult(
-                    call,
-                    "Error: the turn limit was reached; no more tool calls are accepted.",
-                    "episode_over",
-                )
-            return _episode_over(call)
+            return ToolResult(call, self.state.refusal(self.done), "episode_over")
         return checked_call(call, self.table)
 
 

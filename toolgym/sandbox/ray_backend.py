@@ -42,6 +42,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from toolgym.envs.calls import InfrastructureFailure
 from toolgym.sandbox import ray_watchdog
 from toolgym.sandbox.remote import (
     MAX_REPLY_BYTES,
@@ -71,11 +72,9 @@ def _ray() -> Any:
     return ray
 
 
-class ActorLost(SandboxError):
+class ActorLost(SandboxError, InfrastructureFailure):
     """The sandbox's Ray actor is gone: killed, or its node died: the infrastructure's doing,
     never the model's (the episode is left out of baselines and the loss)."""
-
-    infrastructure = True
 
 
 @dataclass

@@ -24,7 +24,15 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from toolgym.envs.calls import Demonstration, ToolCall, ToolResult, as_episode_metrics
+from toolgym.envs.calls import (
+    Demonstration,
+    EpisodeFailure,
+    InfrastructureFailure,
+    ModelFailure,
+    ToolCall,
+    ToolResult,
+    as_episode_metrics,
+)
 from toolgym.envs.inline import InlineStep, as_inline_step
 from toolgym.envs.protocol import HOOK_NAMES, RESERVED_NAMES, TRL_NOT_TOOLS
 from toolgym.envs.stepping import Executor, Stepper
@@ -38,18 +46,10 @@ MAX_REPLY_BYTES = 16 * 2**20
 below it); the channel is closed."""
 
 
-class SandboxError(RuntimeError):
-    """The sandbox failed: the worker could not start, died, or broke the protocol."""
-
-    model_caused: bool = False
-    """Whether the model's own call caused it: the worker died, broke the protocol or ran out
-    of time while it ran a tool call the model made (its code exhausted memory, killed or
-    crippled the worker, or slept past the limit). Such an episode is the model's outcome and
-    stays in the loss; other sandbox failures (a worker that never started) are the
-    infrastructure's."""
-    infrastructure: bool = False
-    """Known to be the infrastructure's whatever the call was doing (a lost node or Ray
-    actor): never `model_caused`."""
+class SandboxError(EpisodeFailure, RuntimeError):
+    """The sandbox failed: the worker could not start, died, or broke the protocol. As it is,
+    the environment's failure (`env_error`); when it happened during the model's own call, the
+    executor raises it again as one of the model-caused subclasses below (`model_caused`)."""
 
 
 class SandboxTimeout(SandboxError, TimeoutError):
@@ -61,8 +61,39 @@ class RemoteError(SandboxError):
 
     def __init__(self, op: str, error: dict[str, Any]) -> None:
         super().__init__(f"{op} raised {error.get('type')}: {error.get('message')}")
+        self.op, self.reply = op, error
         self.type = error.get("type")
         self.remote_traceback = error.get("traceback", "")
+
+
+class WorkerLostToModel(SandboxError, ModelFailure):
+    """The worker died or broke the protocol while it ran a call the model made (its code
+    exhausted memory, killed or crippled the worker): the model's outcome, `tool_crash`."""
+
+
+class WorkerTimedOutOnModel(SandboxTimeout, ModelFailure):
+    """The worker ran past its time limit on a call the model made (its code slept or spun):
+    the model's outcome, `tool_timeout`."""
+
+
+class ModelRemoteError(RemoteError, ModelFailure):
+    """The environment's code in the worker raised on the model's text (`ModelCausedError`
+    there): the model's outcome, `tool_crash`."""
+
+
+def model_caused(error: SandboxError) -> SandboxError:
+    """`error`, raised during a call the model made to a worker that was alive when it began,
+    as the model-caused failure it is (raise it `from error`)."""
+    if isinstance(error, ModelFailure):
+        return error
+    marked: SandboxError
+    if isinstance(error, RemoteError):
+        marked = ModelRemoteError(error.op, error.reply)
+    elif isinstance(error, SandboxTimeout):
+        marked = WorkerTimedOutOnModel(str(error))
+    else:
+        marked = WorkerLostToModel(str(error))
+    return marked
 
 
 @dataclass
@@ -223,9 +254,10 @@ class Backend(Protocol):
 class RemoteExecutor(Executor):
     """The executor of an instance that lives in a worker: every request has a timeout, and
     the reward and `done` come back with each reply. A timeout or a dead worker raises
-    `SandboxTimeout` / `SandboxError`, marked `model_caused` when it happened during what the
-    model sent (the Stepper turns that into `tool_timeout` / `tool_crash`, the model's outcome;
-    otherwise `env_error`); the next `reset` starts a fresh worker."""
+    `SandboxTimeout` / `SandboxError`, as a model-caused subclass (`model_caused`) when it
+    happened during what the model sent (the Stepper turns that into `tool_timeout` /
+    `tool_crash`, the model's outcome; otherwise `env_error`); the next `reset` starts a fresh
+    worker."""
 
     def __init__(
         self,
@@ -282,26 +314,26 @@ class RemoteExecutor(Executor):
         except ValueError as error:
             if self.channel is not None:
                 self.channel.kill()
-            forged = SandboxError(f"{error}; worker killed")
-            forged.model_caused = True
-            raise forged from None
+            raise WorkerLostToModel(f"{error}; worker killed") from None
         return ToolResult(call, value["content"], value["failure"], blocks=blocks)
 
     def _model_request(self, op: str, **fields: Any) -> Any:
         """A request that carries what the model wrote (a call, an inline step, a final
-        answer): a worker that was alive before it and dies or times out during it marks the
-        SandboxError `model_caused`."""
+        answer): a worker that was alive before it and dies or times out during it raises
+        the model-caused failure (`model_caused`)."""
         lived = self.channel is not None and self.channel.alive and not self.revoked
         try:
             return self.request(op, **fields)
         except RemoteError as error:
             # the environment's code raised: the model's doing where the worker's executor
             # said so (`ModelCausedError`: it raised on the model's text), else its own
-            error.model_caused = error.type == "ModelCausedError"
+            if error.type == "ModelCausedError":
+                raise model_caused(error) from error
             raise
         except SandboxError as error:
             # it lived up to the call, and no pool revoked the lease meanwhile
-            error.model_caused = lived and not error.infrastructure and not self.revoked
+            if lived and not isinstance(error, InfrastructureFailure) and not self.revoked:
+                raise model_caused(error) from error
             raise
 
     async def arun(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:

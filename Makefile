@@ -3,7 +3,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup sandboxes browser run test lint format docs
+.PHONY: setup sandboxes browser run test quick lint format docs
 setup:
 	VENV=$(VENV) ./scripts/setup.sh
 
@@ -25,6 +25,14 @@ lint: setup
 
 test: lint sandboxes browser
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# lint and the unit tests, without the sandbox or browser set-up: tests marked slow (over 8 s in
+# CI), those of Docker, vLLM, a GPU, the process sandbox and Ray are left out (`make test` runs
+# everything, as CI does); about 5 minutes on 2 cores
+QUICK_TESTS := -m "not slow and not docker and not vllm and not gpu" -k "not process" \
+	--ignore-glob="tests/test_sandbox*.py" --ignore-glob="tests/test_ray*.py"
+quick: lint
+	$(PY) -m pytest $(QUICK_TESTS) $(PYTEST_ARGS)
 
 format: setup
 	$(VENV)/bin/ruff check --fix .

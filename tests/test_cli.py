@@ -443,6 +443,7 @@ def test_train_a_file_environment_end_to_end(echo, model_folder, tmp_path, capsy
     assert "trained 1 step" in out and str(output / "checkpoint-1") in out
 
 
+@pytest.mark.slow  # over 8 s in CI: out of `make quick`
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU (gloo) path")
 @pytest.mark.timeout(300)
 def test_train_under_accelerate_launch_with_two_processes(echo, model_folder, tmp_path):

@@ -38,6 +38,7 @@ def test_wordle_example_expert_wins_held_out_games():
     assert win_rate >= 90.0
 
 
+@pytest.mark.slow  # over 8 s in CI: out of `make quick`
 @pytest.mark.timeout(900)  # about 3 minutes alone on 2 cores; more when the CPU is shared
 def test_wordle_example_quick_training_run(tmp_path):
     """`python examples/wordle.py --quick`: warm-up, evaluations, GRPO steps, the plot."""
@@ -74,6 +75,7 @@ def test_wordle_example_quick_training_run(tmp_path):
     assert len(list((tmp_path / "cache" / "warmup").iterdir())) == 1  # kept for the next run
 
 
+@pytest.mark.slow  # over 8 s in CI: out of `make quick`
 @pytest.mark.timeout(900)
 def test_repl_example_quick_training_run(tmp_path):
     """`python examples/repl.py --quick`: SmolLM2 writes Python line by line in a process
@@ -133,6 +135,7 @@ def _last_json(capsys) -> str:
     return out[out.index("{") :]
 
 
+@pytest.mark.slow  # over 8 s in CI: out of `make quick`
 def test_eval_the_embedded_smollm2_on_wordle(capsys):
     """The issue's command: `toolgym eval Wordle-v0 --model smollm2-135m -n 8` on the CPU."""
     assert (

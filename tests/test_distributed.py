@@ -35,6 +35,7 @@ def launch(output: Path, *options: str) -> list[dict]:
     return [json.loads((output / f"rank{rank}.json").read_text()) for rank in (0, 1)]
 
 
+@pytest.mark.slow  # over 8 s in CI: out of `make quick`
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU (gloo) path")
 def test_rewards_are_gathered_and_the_group_baseline_spans_both_processes(tmp_path):
     first, second = launch(tmp_path)
@@ -60,6 +61,7 @@ def test_rewards_are_gathered_and_the_group_baseline_spans_both_processes(tmp_pa
     assert first["weights"] == pytest.approx(second["weights"], rel=1e-9)
 
 
+@pytest.mark.slow  # over 8 s in CI: out of `make quick`
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU (gloo) path")
 def test_a_run_killed_mid_step_resumes_to_the_same_weights_and_metrics(tmp_path):
     """SIGKILL both processes in the middle of step 2, resume from checkpoint-1: the weights

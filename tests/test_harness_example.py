@@ -20,6 +20,7 @@ pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 
 
+@pytest.mark.slow  # over 8 s in CI: out of `make quick`
 @pytest.mark.timeout(300)
 def test_harness_example_quick_training_run(tmp_path):
     command = [sys.executable, str(ROOT / "examples" / "harness.py"), "--quick"]

@@ -197,6 +197,7 @@ def test_no_line_or_answer_raises_in_python_lines(backend):
         env.close()
 
 
+@pytest.mark.slow  # over 8 s in CI: out of `make quick`
 def test_every_hostile_code_line_reaches_both_pythons_once(backend):
     """Each entry of `CODE` once (hypothesis may not draw them all), in PythonREPL's `run` and
     line by line in PythonLines, then as their answers."""
@@ -235,6 +236,7 @@ HUGE_INT = 10**5000
 worker (the episode ends `tool_crash`)."""
 
 
+@pytest.mark.slow  # over 8 s in CI: out of `make quick`
 @pytest.mark.parametrize("env_id", sorted(CHAT_ENVS))
 def test_every_hostile_value_reaches_every_tool_parameter_once(backend, env_id):
     env = toolgym.make(env_id, sandbox=backend, **CHAT_ENVS[env_id])

@@ -143,6 +143,7 @@ def test_the_shipped_configs_are_found_by_name(capsys):
     assert fsdp["fsdp_version"] == 2
 
 
+@pytest.mark.slow  # over 8 s in CI: out of `make quick`
 def test_two_machines_split_each_step_and_resume_exactly(babble, model_folder, tmp_path):
     """Three steps on two simulated machines, then steps 2-3 again from the first checkpoint
     on two fresh launchers: the same weights and metrics. (A run killed mid-step and resumed
@@ -183,6 +184,7 @@ def test_two_machines_split_each_step_and_resume_exactly(babble, model_folder, t
         assert (metrics["reward"], metrics["loss"]) == (steps[step]["reward"], steps[step]["loss"])
 
 
+@pytest.mark.slow  # over 8 s in CI: out of `make quick`
 def test_the_fsdp2_config_trains_a_sharded_policy_and_resumes_exactly(
     babble, model_folder, tmp_path
 ):

@@ -321,6 +321,7 @@ def _message(error: BaseException) -> str:
     return " ".join(parts)
 
 
+@pytest.mark.slow  # over 8 s in CI: out of `make quick`
 def test_mcp_idle_sessions_expire_and_their_instances_close(counter_file, tmp_path):
     from mcp import Client
 
@@ -365,6 +366,7 @@ def test_mcp_beyond_loopback_needs_the_token(tmp_path):
     assert short.returncode == 2 and "--token" in short.stderr, short.stderr
 
 
+@pytest.mark.slow  # over 8 s in CI: out of `make quick`
 @pytest.mark.parametrize("protocol", ["mcp", "openenv"])
 def test_a_code_running_class_is_not_served_outside_a_sandbox(protocol):
     """`module:Class` of a `runs_model_code` environment was served in this process: a web
@@ -472,6 +474,7 @@ def test_openenv_refuses_a_cross_site_text_plain_post(openenv_wordle):
     openenv_plays_twice(openenv_wordle.url)
 
 
+@pytest.mark.slow  # over 8 s in CI: out of `make quick`
 def test_openenv_stateless_calls_count_against_max_sessions(counter_file, tmp_path):
     """10 concurrent stateless `POST /step` with a cap of 2 made an instance each (13
     sandboxes); now at most 2 instances exist at once and the rest are refused, named."""
@@ -502,6 +505,7 @@ def test_openenv_stateless_calls_count_against_max_sessions(counter_file, tmp_pa
             assert client.step({"tool": "add", "arguments": {"n": 2}}).observation["content"] == "3"
 
 
+@pytest.mark.slow  # over 8 s in CI: out of `make quick`
 def test_openenv_idle_sockets_expire_and_their_instances_close(counter_file, tmp_path):
     from openenv.core.generic_client import GenericEnvClient
 
@@ -680,6 +684,7 @@ async () => {
 """
 
 
+@pytest.mark.slow  # over 8 s in CI: out of `make quick`
 def test_a_web_page_in_chromium_cannot_drive_the_servers(counter_file, tmp_path, endpoint):
     """A page of another origin (a local page on another port), in headless Chromium, opens a
     WebSocket to `toolgym serve --protocol openenv` and sends simple POSTs to it and to

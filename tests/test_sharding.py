@@ -56,6 +56,7 @@ def _run(output: Path, model: Path, *launch: str, options: tuple[str, ...] = ())
 FSDP2 = [*ACCELERATE, "2", "--use_fsdp", "--fsdp_version", "2", *COMMON]
 
 
+@pytest.mark.slow  # over 8 s in CI: out of `make quick`
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU (gloo) path")
 def test_an_uneven_split_under_ddp_and_fsdp2_takes_the_one_process_step(model_folder, tmp_path):
     """A warm-up, then process 0 holds three samples and process 1 one (micro-batches of one:
@@ -82,6 +83,7 @@ def test_an_uneven_split_under_ddp_and_fsdp2_takes_the_one_process_step(model_fo
     assert alone["second"] != alone["first"]  # the second update moved the weights
 
 
+@pytest.mark.slow  # over 8 s in CI: out of `make quick`
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU (gloo) path")
 def test_compiled_layers_under_fsdp2_take_the_same_step(model_folder, tmp_path):
     """`compile_model` finds the sharded decoder layers (FSDP2 renames their classes) and

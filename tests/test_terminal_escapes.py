@@ -154,6 +154,7 @@ def _assert_inert(output: str, colour: bool) -> str:
     return text
 
 
+@pytest.mark.slow  # over 8 s in CI: out of `make quick`
 @pytest.mark.parametrize("colour", [False, True], ids=["piped", "coloured"])
 def test_play_and_eval_print_no_control_sequence_from_the_model_or_the_environment(
     hostile_model, tmp_path, colour

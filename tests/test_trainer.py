@@ -52,6 +52,7 @@ def length_mod_7(prompts, completions, trajectories, **_):
     return [float(len(t.completion_ids) % 7) for t in trajectories]
 
 
+@pytest.mark.slow  # over 8 s in CI: out of `make quick`
 def test_resume_from_checkpoint_repeats_the_same_steps(tokenizer, tmp_path):
     def trainer(folder):
         torch.manual_seed(0)

@@ -681,6 +681,7 @@ def check_live_updates(
 
 
 # -- 10,000 episodes -------------------------------------------------------------------------------
+@pytest.mark.slow  # over 8 s in CI: out of `make quick`
 @needs_browser
 def test_ten_thousand_episodes_stay_responsive(browser, tmp_path):
     path = tmp_path / "many.jsonl"

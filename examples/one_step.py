@@ -5,7 +5,7 @@ the orchestration it adds (a vLLM engine and its weight sync, several processes,
 steps, micro-batches, checkpoints, metrics) is left out. Read it in one sitting; each part
 named here is one file (docs/DESIGN.md, "One GRPO step").
 
-    python examples/one_step.py           # SmolLM2-135M on Wordle, on the CPU (about a minute)
+    python examples/one_step.py           # SmolLM2-135M on Wordle, on the CPU
     python examples/one_step.py --tiny    # a tiny random model: only the mechanics (seconds)
 """
 

@@ -396,6 +396,46 @@ def test_play_and_eval_a_file_environment(echo, model_folder, tmp_path, capsys):
     assert episodes[1].messages[0]["content"].startswith("Say pear")
 
 
+def test_eval_rollouts_report_resume_and_compare(echo, model_folder, tmp_path, capsys):
+    env_file, rows = echo
+    common = [f"{env_file}:Echo", "--dataset", str(rows), "--model", str(model_folder)]
+    common += ["--max-new-tokens", "8", "--max-turns", "2", "--temperature", "1.0"]
+    output, report = tmp_path / "eval.jsonl", tmp_path / "base.json"
+    args = [*common, "--rollouts", "3", "--concurrency", "4", "--output", str(output)]
+    assert main(["eval", *args, "--report", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "2 rows x 3 rollouts" in out and "pass@1 " in out and "pass@3 " in out
+    episodes = load_jsonl(output)
+    keys = [(t.metrics["eval_row"], t.metrics["eval_rollout"]) for t in episodes]
+    assert sorted(keys) == [(r, j) for r in range(2) for j in range(3)]
+    written = json.loads(report.read_text())
+    assert (written["rows"], written["rollouts"]) == (2, 3)
+    assert [len(r["rewards"]) for r in written["per_row"]] == [3, 3]
+    assert written["settings"]["temperature"] == 1.0 and written["settings"]["engine"] == "hf"
+    assert set(written["pass_at_k"]) == {"1", "2", "3"}
+    # interrupted after four episodes: --resume plays the other two and keeps the four
+    lines = output.read_text().splitlines()
+    output.write_text("\n".join(lines[:4]) + "\n")
+    resumed = tmp_path / "resumed.json"
+    assert main(["eval", *args, "--resume", "--report", str(resumed)]) == 0
+    capsys.readouterr()
+    assert output.read_text().splitlines()[:4] == lines[:4]
+    assert len(load_jsonl(output)) == 6
+    assert json.loads(resumed.read_text())["settings"]["episodes_played_now"] == 2
+    # a file of another evaluation (here: of two rows, resumed as one) is not resumed
+    assert main(["eval", *args, "--resume", "-n", "1"]) == 2
+    assert "holds an episode of another evaluation" in capsys.readouterr().err
+    # the paired comparison of two reports, and its refusals
+    assert main(["eval", "--compare", str(report), str(resumed)]) == 0
+    out = capsys.readouterr().out
+    assert "paired over 2 rows (new - base):" in out and "pass@1:" in out
+    assert main(["eval", "--compare", str(report), str(output)]) == 2
+    assert "cannot read the report" in capsys.readouterr().err
+    assert main(["eval", "--model", "x"]) == 2
+    assert "ENV is required" in capsys.readouterr().err
+    assert main(["eval", *common, "--rollouts", "0"]) == 2
+
+
 # -- train -----------------------------------------------------------------------------------
 def _tiny_train_args(env_file: Path, rows: Path, model: Path, output: Path) -> list[str]:
     return [

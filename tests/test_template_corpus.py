@@ -478,6 +478,44 @@ def test_prefix_verdict_per_shape_and_the_episode_build_it_chooses(path):
         assert "RESULT" in tokenizer.decode(suffix)
 
 
+ONE_SEQUENCE = [
+    p for p in TEMPLATES if template_id(p) in PREFIX and set(PREFIX[template_id(p)]) == {"Y"}
+]
+"""The templates whose episodes are one sequence (prefix-preserving over tool round trips)."""
+
+
+@pytest.mark.parametrize("path", ONE_SEQUENCE, ids=template_id)
+def test_a_user_turn_is_appended_as_the_template_writes_it_or_refused(path):
+    """Several user turns in one sequence: an answer as the template writes it, ended on the
+    token the template closes it with, then `user_turn_ids`, read as the template's own
+    rendering of the whole conversation; or `user_turn_ids` says one sequence cannot be exact
+    there (None: the rollout starts a sample of its own)."""
+    tokenizer = template_tokenizer(path)
+    renderer = ChatRenderer(tokenizer)
+    profile = renderer.profile
+    head = [{"role": "system", "content": "s"}] if profile.system else []
+    task, answer = {"role": "user", "content": "u"}, {"role": "assistant", "content": "Done."}
+    follow_up = {"role": "user", "content": "And now?"}
+    prompt_text = renderer.render([*head, task], PROBE_TOOLS, True)
+    answered_text = renderer.render([*head, task, answer], PROBE_TOOLS)
+    assert answered_text.startswith(prompt_text)
+    body = answered_text[len(prompt_text) :]
+    if profile.end_opens_next_turn:  # the answer ends on the token that opens the next turn
+        whole = renderer.render([*head, task, answer, follow_up], PROBE_TOOLS, True)
+        opener = whole[len(answered_text) :].lstrip()
+        last = next(i for i in profile.stop_token_ids if opener.startswith(tokenizer.decode([i])))
+        answered = [*renderer.encode(body.rstrip()), last]
+    else:
+        answered = renderer.encode(body[: body.rindex(profile.end_of_turn)])
+        answered += [profile.end_of_turn_id]
+    suffix = renderer.user_turn_ids(follow_up, answered[-1], PROBE_TOOLS)
+    if suffix is None:
+        return
+    whole = renderer.render([*head, task, answer, follow_up], PROBE_TOOLS, True)
+    sequence = renderer.encode(prompt_text) + answered + suffix
+    assert tokenizer.decode(sequence, skip_special_tokens=False) == whole
+
+
 def test_every_template_that_writes_calls_has_a_verdict():
     writing = {name for name, fmt in EXPECTED.items() if fmt not in FAILURES}
     assert set(PREFIX) - {"llama.cpp/Kimi-K3", "llama.cpp/MiniMax-M3"} <= writing <= set(PREFIX)

@@ -51,8 +51,14 @@ def test_one_shape_for_one_sequence_and_per_turn():
     expected = Sample([1, 2], [3, 4, 5], [1, 1, 0], [-0.5, -0.5, 0.0], versions=versions)
     assert trajectory.samples == [expected]
     assert (trajectory.model_tokens, trajectory.observation_tokens) == (2, 1)
-    trajectory.samples.append(Sample([1, 2, 3, 4, 5, 6]))  # the next turn's prompt
+    trajectory.samples.append(Sample([1, 2, 3, 4, 5, 6], parent=0))  # the next turn's prompt
     trajectory.append([7], sampled=True, logprobs=[-1.0])
     assert trajectory.prompt_ids == [1, 2, 3, 4, 5, 6] and trajectory.loss_mask == [1]
     assert (trajectory.model_tokens, trajectory.observation_tokens) == (3, 2)
+    # a compacted continuation: its prompt is shorter than its parent's sequence, and adds
+    # no observation token; what it samples and observes counts as in any sample
+    trajectory.samples.append(Sample([1, 2, 9], parent=1))
+    trajectory.append([8], sampled=True, logprobs=[-1.0])
+    trajectory.append([10, 11], sampled=False)
+    assert (trajectory.model_tokens, trajectory.observation_tokens) == (4, 4)
     assert Trajectory().samples == [Sample([])]

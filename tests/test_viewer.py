@@ -844,10 +844,25 @@ def test_the_page_shows_files_before_and_after_samples(browser, tmp_path):
             )
             assert ids == episodes[1].completion_ids
             note = js(browser, "document.querySelector('#token-note').textContent")
-            assert "one sample per turn (2)" in note
+            assert "trains on 2 samples" in note and "sample 1's tokens" in note
             fact = "document.querySelector('[data-fact=\"reward sources\"]')"
             sources = js(browser, f"{fact} ? {fact}.textContent : ''")
             assert ("length_bonus 0.5" in sources) is (path == new), sources
+            # the sample graph (files with `samples`): one button per sample; the first shows
+            # the first turn's tokens
+            nodes = js(browser, "document.querySelectorAll('#sample-graph .sample-node').length")
+            assert nodes == (2 if path == new else 0)
+            if path == old:
+                continue
+            js(browser, "document.querySelector('#sample-graph .sample-node').click()")
+            browser.wait_for(
+                "document.querySelector('#token-note').textContent.includes('sample 0')"
+            )
+            ids = js(
+                browser,
+                "[...document.querySelectorAll('#tokens .tok')].map(s => Number(s.dataset.id))",
+            )
+            assert ids == episodes[1].samples[0].completion_ids
         assert not browser.errors
 
 
@@ -943,3 +958,33 @@ def check_pending_tokens(browser: Browser, gate: threading.Event, trajectory: Tr
     )
     assert [s["text"] for s in spans] == [tokenizer.decode([i]) for i in trajectory.completion_ids]
     check_shading([s for s in spans if s["mask"] == 1], spread=1.0)
+
+
+def test_the_episode_api_shows_the_sample_graph_and_any_sample(tmp_path):
+    """An episode of several samples (a compacted one: the third's prompt is shorter than the
+    second's sequence) lists each sample's parent, role and token counts, and shows any one."""
+    trajectory = Trajectory([Sample([1, 2], [3, 4, 5], [1, 1, 0], [-0.1, -0.2, 0.0])])
+    trajectory.samples.append(Sample([1, 2, 3, 4, 5, 6], [7], [1], [-0.3], parent=0))
+    trajectory.samples.append(Sample([1, 8], [9, 10], [1, 0], [-0.4, 0.0], parent=1, role="judge"))
+    path = tmp_path / "episodes.jsonl"
+    save_jsonl([trajectory], path)
+    with start(path) as viewer:
+        status, body = get(viewer.url + "api/episode?source=episodes.jsonl&index=0")
+        assert status == 200
+        answer = json.loads(body)
+        assert answer["samples"] == 3 and answer["sample"] == 2
+        assert answer["graph"] == [
+            {"index": 0, "parent": None, "role": "policy", "prompt": 2, "sampled": 2,
+             "observation": 1},
+            {"index": 1, "parent": 0, "role": "policy", "prompt": 6, "sampled": 1,
+             "observation": 0},
+            {"index": 2, "parent": 1, "role": "judge", "prompt": 2, "sampled": 1,
+             "observation": 1},
+        ]  # fmt: skip
+        assert [t["id"] for t in answer["completion_tokens"]] == [9, 10]
+        status, body = get(viewer.url + "api/episode?source=episodes.jsonl&index=0&sample=0")
+        assert status == 200 and json.loads(body)["sample"] == 0
+        assert [t["id"] for t in json.loads(body)["completion_tokens"]] == [3, 4, 5]
+        status, body = get(viewer.url + "api/episode?source=episodes.jsonl&index=0&sample=3")
+        assert status == 404 and "there is no sample 3" in json.loads(body)["error"]
+        assert get(viewer.url + "api/episode?source=episodes.jsonl&index=0&sample=x")[0] == 400

@@ -13,6 +13,7 @@ from toolgym._exports import lazy_exports
 
 if TYPE_CHECKING:  # the public names: type checkers read them, and lazy_exports too
     from toolgym.agents.chat import ChatRenderer, TemplateError, TemplateProfile
+    from toolgym.agents.compaction import Compaction
     from toolgym.agents.custom import EpisodeEnd, Generation, RolloutContext, RolloutFn
     from toolgym.agents.engines import (
         Completion,

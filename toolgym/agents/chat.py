@@ -138,13 +138,49 @@ class ChatRenderer:
             {"role": "user", "content": "u"},
             {"role": "assistant", "content": "", "tool_calls": [PROBE_CALL]},
         ]
-        key = json.dumps(tools, sort_keys=True)
+        return self._suffix_ids(before, tool_messages, tools, after_call_end, "tool results")
+
+    def user_turn_ids(
+        self, user_message: Message, last_token: int | None, tools: list[dict] | None = None
+    ) -> list[int] | None:
+        """Ids to append after the model's answer without tool calls, which ended on
+        `last_token`, when the user speaks again: the template's closing of the answer, the
+        user turn and the next generation prompt. None where one sequence would not be what
+        the template writes: the template writes an earlier turn differently once a user turn
+        follows it (not prefix-preserving over a user turn), or the answer ended on a token
+        other than the one the template closes it with (an end-of-text token). The next turn
+        then needs a sample of its own, rendered from the whole conversation."""
+        before: list[Message] = [
+            {"role": "user", "content": "u"},
+            {"role": "assistant", "content": "a"},
+        ]
+        try:
+            suffix = self._suffix_ids(before, [user_message], tools, False, "a user turn")
+        except TemplateError:
+            return None
+        if suffix and suffix[0] == last_token:  # the model's stop token opened the user's turn
+            return suffix[1:]
+        if last_token == self.profile.end_of_turn_id and not self.profile.end_opens_next_turn:
+            return suffix
+        return None
+
+    def _suffix_ids(
+        self,
+        before: list[Message],
+        added: list[Message],
+        tools: list[dict] | None,
+        after_call_end: bool,
+        what: str,
+    ) -> list[int]:
+        """What the template writes for `added` after `before` ends with the model's turn
+        (through the next generation prompt), as ids to append after the model's own."""
+        key = json.dumps([before, tools], sort_keys=True)
         if key not in self._heads:
             self._heads[key] = self.render(before, tools)
         head = self._heads[key]
-        full = self.render(before + tool_messages, tools, add_generation_prompt=True)
+        full = self.render(before + added, tools, add_generation_prompt=True)
         if not full.startswith(head):
-            raise TemplateError(template_divergence("adding tool results", head, full))
+            raise TemplateError(template_divergence(f"adding {what}", head, full))
         profile = self.profile
         call_end = profile.call_end
         if after_call_end and call_end and call_end in head:

@@ -37,6 +37,7 @@ from toolgym.agents.inline import observation_ids
 from toolgym.agents.parsers import ParsedMessage, type_arguments
 from toolgym.agents.trajectory import Sample, Status, Trajectory
 from toolgym.envs.calls import INVALID_CALLS, MalformedToolCall, ToolCall
+from toolgym.envs.tools import valid_text
 
 if TYPE_CHECKING:
     from toolgym.agents.chat import ChatRenderer
@@ -108,6 +109,8 @@ class RolloutContext(abc.ABC):
         self._told = False  # the prompt went to `on_message`
         self._turn: tuple[int, int] | None = None  # (sample, start) of the model's last turn
         self._stepped = True  # a `step` ran since the last `generate`: the next opens a turn
+        self._view: list[dict[str, Any]] | None = None  # the conversation as compacted
+        self._carried = 0  # tokens the episode used before the last `continue_from`
 
     # -- what the episode implements: the engine and environment under the limits ----------
     @abc.abstractmethod
@@ -133,6 +136,10 @@ class RolloutContext(abc.ABC):
     @abc.abstractmethod
     async def _env_inline_step(self, text: str) -> InlineStep:
         """The environment's `inline_step`, under the tool limits."""
+
+    @abc.abstractmethod
+    async def _env_user_turn(self, answer: str) -> str | None:
+        """The environment's `user_turn`, under the tool limits."""
 
     # -- the rollout function's view ---------------------------------------------------------
     @property
@@ -189,6 +196,7 @@ class RolloutContext(abc.ABC):
         prompt_ids = self.renderer.prompt_ids(messages, tools or [])
         self.trajectory = Trajectory([Sample(prompt_ids)], messages=messages)
         self.first_prompt_length = len(prompt_ids)
+        self._view, self._carried = None, 0
         if not self._told:
             self._told = True
             for message in messages:
@@ -196,17 +204,64 @@ class RolloutContext(abc.ABC):
         return self.trajectory
 
     def next_turn(self, trajectory: Trajectory, tools: list[dict[str, Any]] | None = None) -> None:
-        """Start the trajectory's next sample (one sample per turn): its prompt is the
-        template's rendering of the conversation so far (`trajectory.messages`), with every
-        tool result's image in it where the model sees images."""
-        images = tool_images(trajectory.messages) if self.vision is not None else []
+        """Start the trajectory's next sample (one sample per turn), its `parent` the last:
+        its prompt is the template's rendering of the conversation so far as the model sees
+        it (`visible_messages`), with every tool result's image in it where the model sees
+        images."""
+        self._new_sample(trajectory, self.visible_messages(trajectory), tools or [])
+
+    def visible_messages(self, trajectory: Trajectory) -> list[dict[str, Any]]:
+        """The conversation as the model sees it: `trajectory.messages`, or, once it was
+        compacted (`continue_from`), the compacted conversation and what came after."""
+        if self._view is not None and trajectory is self.trajectory:
+            return list(self._view)
+        return list(trajectory.messages)
+
+    def continue_from(
+        self,
+        trajectory: Trajectory,
+        messages: list[dict[str, Any]],
+        keep_view: bool = False,
+        used: int | None = None,
+    ) -> None:
+        """Continue the episode in a new sample (its `parent` the last) whose prompt is the
+        template's rendering of `messages`, the conversation as the model now sees it (e.g.
+        compacted: `toolgym.agents.compaction`); messages added later join that view. With
+        `keep_view`, the view stays as it was (a side turn, such as a summary request, whose
+        messages are added with `visible=False`). The token budget counts on from what the
+        episode used (`used`, default `tokens_used` now)."""
+        used = self.tokens_used(trajectory) if used is None else used
+        self._new_sample(trajectory, messages, self.tools)
+        self._carried, self.first_prompt_length = used, len(trajectory.prompt_ids)
+        if not keep_view:
+            self._view = list(messages)
+        self._stepped = True  # the next generation opens a turn in the new sample
+
+    def tokens_used(self, trajectory: Trajectory) -> int:
+        """Tokens the episode added after its first prompt (model and observation), over
+        all its samples."""
+        length = len(trajectory.prompt_ids) + len(trajectory.completion_ids)
+        return self._carried + length - (self.first_prompt_length or len(trajectory.prompt_ids))
+
+    def _new_sample(
+        self, trajectory: Trajectory, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+    ) -> None:
+        images = tool_images(messages) if self.vision is not None else []
         try:
-            prompt_ids = self.renderer.prompt_ids(trajectory.messages, tools or [])
+            prompt_ids = self.renderer.prompt_ids(messages, tools)
             if self.vision is not None:  # one placeholder per image so far, widened
                 prompt_ids = self.vision.expand(prompt_ids, images)
         except Exception as error:
             raise EpisodeEnd("env_error", f"the chat template cannot render: {error}") from error
-        trajectory.samples.append(Sample(prompt_ids, images=images))
+        parent = len(trajectory.samples) - 1
+        trajectory.samples.append(Sample(prompt_ids, images=images, parent=parent))
+
+    async def compact(self, trajectory: Trajectory) -> bool:
+        """Compact the conversation where the agent's `Compaction` says so (its budget is
+        passed and something can be dropped): the episode goes on in a new sample. True if
+        it did; False without a `Compaction`."""
+        compaction = self.agent.compaction
+        return False if compaction is None else await compaction.apply(self, trajectory)
 
     async def generate(
         self, trajectory: Trajectory, stop_strings: list[str] | None = None
@@ -246,9 +301,14 @@ class RolloutContext(abc.ABC):
             raise EpisodeEnd("length")
         trajectory.append(ids, sampled=False)
 
-    def add_message(self, trajectory: Trajectory, message: dict[str, Any]) -> None:
-        """Add a message to the trajectory's conversation and tell `on_message` of it."""
+    def add_message(
+        self, trajectory: Trajectory, message: dict[str, Any], visible: bool = True
+    ) -> None:
+        """Add a message to the trajectory's conversation and tell `on_message` of it; it
+        joins the model's compacted view too, unless not `visible` (a side turn)."""
         trajectory.messages.append(message)
+        if visible and self._view is not None and trajectory is self.trajectory:
+            self._view.append(message)
         self.on_message(message)
 
     async def parse(self, text: str) -> ParsedMessage:
@@ -302,6 +362,36 @@ class RolloutContext(abc.ABC):
                 self.add_message(trajectory, message)
         end_if_failed(step)
         return step
+
+    async def user_turn(self, trajectory: Trajectory, answer: str, last_token: int | None) -> bool:
+        """After the model's `answer` without tool calls (its turn ended on `last_token`), ask
+        the environment whether the user speaks again (`Environment.user_turn`). If so, the
+        user's message joins the conversation and its tokens the trajectory (mask 0): in one
+        sequence, after the model's last token, as the template writes a user turn
+        (`ChatRenderer.user_turn_ids`); where that would not be exact (the template writes
+        earlier turns differently once a user follows them, or the answer ended on an
+        end-of-text token), in a new sample rendered from the whole conversation (its
+        `parent` the last); in per-turn episodes the next turn's prompt holds it. True: the
+        model takes another turn; False: the user is done (hand the answer to
+        `final_answer`). Failures end the episode as for `step`."""
+        text = await self._env_user_turn(answer)
+        if text is None:
+            return False
+        message = {"role": "user", "content": valid_text(text)}
+        self.add_message(trajectory, message)
+        self._stepped = True  # the next generation opens the model's next turn
+        profile = self.renderer.profile
+        if profile.per_turn:
+            return True  # the next turn's prompt is the template's rendering of it all
+        try:
+            suffix = self.renderer.user_turn_ids(message, last_token, self.tools)
+        except Exception as error:
+            raise EpisodeEnd("env_error", f"the chat template cannot render: {error}") from error
+        if suffix is None:
+            self.next_turn(trajectory, self.tools)  # one sequence would not be exact here
+        else:
+            self.observe_ids(trajectory, suffix)
+        return True
 
     async def final_answer(self, text: str) -> None:
         """Hand the model's final text to the environment's `final_answer` (under the tool

@@ -20,7 +20,8 @@ from toolgym.envs.tools import UnrenderableResult
 async def chat_rollout(ctx: RolloutContext, env: Any) -> Trajectory:
     """The chat tool-call loop: the model writes a turn, its tool calls run, their results
     are appended as the template renders them (mask 0), until the model answers without a
-    call (its text goes to `final_answer`), the environment ends the episode, or a limit.
+    call and the user has nothing more to say (`Environment.user_turn`; the answer then goes
+    to `final_answer`), the environment ends the episode, or a limit.
 
     Prefix-preserving templates make one sequence; others one sample per turn, each turn's
     prompt the template's rendering of the conversation so far (`TemplateProfile.per_turn`)."""
@@ -29,12 +30,16 @@ async def chat_rollout(ctx: RolloutContext, env: Any) -> Trajectory:
     for turn in range(ctx.limits.max_turns):
         if renderer.profile.per_turn and turn > 0:
             ctx.next_turn(trajectory, tools)
+        if turn > 0:
+            await ctx.compact(trajectory)  # past the agent's `Compaction` budget: a new sample
         generation = await ctx.generate(trajectory)
         parsed = await ctx.parse(generation.text)
         ctx.add_message(trajectory, assistant_message(generation.text, parsed))
         if generation.finish_reason == "length":
             raise EpisodeEnd("length")
         if not parsed.tool_calls:
+            if await ctx.user_turn(trajectory, parsed.content, generation.last_token):
+                continue  # the user spoke again: the model's next turn
             await ctx.final_answer(parsed.content)
             return trajectory
         step = await ctx.step(parsed.tool_calls, trajectory)

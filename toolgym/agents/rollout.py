@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from toolgym.agents.chat import ChatRenderer, TemplateProfile
+from toolgym.agents.compaction import Compaction
 from toolgym.agents.custom import EpisodeEnd, RolloutContext, RolloutFn
 from toolgym.agents.engines.base import (
     Completion,
@@ -182,6 +183,9 @@ class Agent:
         template_profile: What the template needs and does, learned before by another agent
             of the same tokenizer and template variables (its `renderer.profile`): the
             renderer uses it instead of learning it again.
+        compaction: Past a token budget, compact the conversation the model sees (drop or
+            summarise earlier turns) and go on in a new sample (`toolgym.agents.compaction`);
+            None: never (the episode ends `length` at its limits).
     """
 
     engine: Engine
@@ -197,6 +201,7 @@ class Agent:
     scheduler: Literal["auto", "continuous", "batch"] = "auto"
     vision: VisionInputs | None = None
     template_profile: TemplateProfile | None = None
+    compaction: Compaction | None = None
 
     def __post_init__(self) -> None:
         self.renderer = ChatRenderer(
@@ -377,6 +382,11 @@ class Episode(RolloutContext):
         (a sandbox that died or hangs ends this episode, not the run)."""
         await self._env_call(asyncio.to_thread(self.env.final_answer, text), "final_answer")
 
+    async def _env_user_turn(self, answer: str) -> str | None:
+        """The environment's `user_turn`, off the event loop and under the tool timeout (the
+        model's answer is its input, as a tool call's arguments are)."""
+        return await self._env_call(asyncio.to_thread(self.env.user_turn, answer), "user_turn")
+
     async def _env_inline_step(self, text: str) -> InlineStep:
         """The environment's `inline_step`, counted as a tool call, under the tool timeout."""
         step = await self._env_call(self.env.ainline_step(text), "inline_step")
@@ -386,11 +396,11 @@ class Episode(RolloutContext):
 
     def tokens_left(self, trajectory: Trajectory) -> int:
         """Tokens the next turn may still add: the episode budget counts every token after the
-        first prompt (model and observation), the context counts the whole sequence."""
+        first prompt (model and observation, over all samples: `tokens_used`), the context
+        counts the last sample's whole sequence."""
         length = len(trajectory.prompt_ids) + len(trajectory.completion_ids)
-        used = length - (self.first_prompt_length or len(trajectory.prompt_ids))
         context = self.agent.engine.context_length - length
-        return min(self.limits.max_episode_tokens - used, context)
+        return min(self.limits.max_episode_tokens - self.tokens_used(trajectory), context)
 
     async def _complete(
         self, trajectory: Trajectory, stop_strings: list[str] | None = None

@@ -71,6 +71,13 @@ class Sample:
     versions: list[int] = field(default_factory=list)
     """Per completion token, the engine's `weights_version` that sampled it (-1: an
     observation token, or an engine that counts no versions); empty where not recorded."""
+    parent: int | None = None
+    """The index (in its trajectory's `samples`) of the sample this one continues: its prompt
+    is that sample's conversation carried on, re-rendered (the next turn of a per-turn
+    episode, a user turn past a template's broken prefix) or compacted (`Compaction`). None:
+    a root (the episode's first sample)."""
+    role: str = "policy"
+    """The policy role that sampled its tokens (one policy: "policy")."""
 
     def append(
         self,
@@ -95,11 +102,14 @@ class Trajectory:
     """One episode, ready for a policy-gradient update.
 
     Attributes:
-        samples: What the update trains on: one `Sample` for an episode played as one sequence
-            (prompt, then model and observation tokens interleaved), one per assistant turn for
-            episodes built turn by turn (templates that are not prefix-preserving,
+        samples: What the update trains on, a graph of samples (each names its `parent`): one
+            `Sample` for an episode played as one sequence (prompt, then model and
+            observation tokens interleaved: tool results, user turns); one per assistant turn
+            for episodes built turn by turn (templates that are not prefix-preserving,
             `TemplateProfile.per_turn`: each turn's prompt is the template's rendering of the
-            conversation before it). The last sample is the episode as the model last saw it.
+            conversation before it); a new sample where a context budget compacted the
+            conversation (`toolgym.agents.compaction`) or a user turn broke the template's
+            prefix. The last sample is the episode as the model last saw it.
         messages: The conversation: prompt messages, then assistant and tool messages (assistant
             turns: parsed `content`, `reasoning_content`, `tool_calls`, and `raw_content`).
         reward: The episode's total reward: the environment's, or, in training, the weighted
@@ -180,11 +190,19 @@ class Trajectory:
 
     @property
     def observation_tokens(self) -> int:
-        """The tokens after the first prompt that the model did not sample (tool results, and
-        for per-turn samples the template's rendering between turns)."""
-        first, last = self.samples[0], self.samples[-1]
-        length = len(last.prompt_ids) + len(last.completion_ids) - len(first.prompt_ids)
-        return max(0, length - self.model_tokens)
+        """The tokens after the first prompt that the model did not sample: the unsampled
+        tokens of every sample's completion (tool results, user turns), and where a sample
+        continues its parent, what its prompt adds beyond the parent's sequence (for per-turn
+        samples the template's rendering between turns; a compacted prompt, shorter than its
+        parent's sequence, adds nothing)."""
+        count = 0
+        for sample in self.samples:
+            count += len(sample.completion_ids) - sum(sample.loss_mask)
+            if sample.parent is not None:
+                parent = self.samples[sample.parent]
+                parent_length = len(parent.prompt_ids) + len(parent.completion_ids)
+                count += max(0, len(sample.prompt_ids) - parent_length)
+        return count
 
     def append(
         self,
@@ -235,9 +253,15 @@ class Trajectory:
         `turns`, whose masks were all ones; an unused `rewards`)."""
         data = dict(data)
         if "samples" in data:
-            data["samples"] = [Sample(**sample) for sample in data["samples"]]
+            data["samples"] = [
+                Sample(**{"parent": index - 1 if index else None, **sample})
+                for index, sample in enumerate(data["samples"])
+            ]  # samples written before `parent` were one chain of turns
         else:
-            flat = Sample(*(data.pop(name, None) or [] for name in SAMPLE_FIELDS))
+            flat_fields: dict[str, Any] = {
+                name: data.pop(name, None) or [] for name in SAMPLE_FIELDS
+            }
+            flat = Sample(**flat_fields)
             turns = [
                 Sample(
                     t["prompt_ids"],
@@ -247,6 +271,8 @@ class Trajectory:
                 )
                 for t in data.pop("turns", None) or []
             ]
+            for index, turn in enumerate(turns[1:]):
+                turn.parent = index
             data["samples"] = turns or [flat]
         legacy = data.pop("rewards", None)
         data.setdefault("reward_sources", dict(legacy or {}))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from toolgym.agents.compaction import Compaction
 from toolgym.agents.limits import AgentLimits
 from toolgym.sandbox import BACKENDS
 
@@ -153,6 +154,16 @@ class GRPOConfig:
     """Train each assistant turn as its own sample (True) or each episode as one token sequence
     (False); None: one sequence exactly when the template is prefix-preserving for every shape
     of tool-call turn (see `toolgym.agents.chat`)."""
+    compact_at_tokens: int | None = None
+    """Compact an episode's conversation before a turn whose prompt is longer than this many
+    tokens: the turns between the task and the latest `compact_keep_turns` are dropped (or
+    summarised, `compact_summary`) and the episode goes on in a new sample
+    (`toolgym.agents.compaction`). None: never."""
+    compact_keep_turns: int = 1
+    """With `compact_at_tokens`: the latest assistant turns kept as they were."""
+    compact_summary: bool = False
+    """With `compact_at_tokens`: the model writes a summary of the dropped turns first (a
+    sampled turn, trained with the episode's advantage); False: a note replaces them."""
     sandbox: str | None = None
     """Where each rollout's environment lives: "local" (this process), "process", "docker",
     "auto" (the strongest available) or "ray": a warm `SandboxPool` of Ray actors spread over
@@ -362,6 +373,13 @@ class GRPOConfig:
             )
         if self.sandbox_resources is not None and self.sandbox != "ray":
             raise ValueError('sandbox_resources only apply with sandbox="ray"')
+        self.compaction()  # refuses a budget or a number of kept turns below 1
+
+    def compaction(self) -> Compaction | None:
+        """The rollouts' `Compaction` (`compact_at_tokens` and the fields after it), or None."""
+        if self.compact_at_tokens is None:
+            return None
+        return Compaction(self.compact_at_tokens, self.compact_keep_turns, self.compact_summary)
 
     def steps_in_flight(self) -> int:
         """How many steps' episodes may play at once: `max_staleness` + 1 with partial

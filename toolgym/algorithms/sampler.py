@@ -317,4 +317,5 @@ def training_agent(args: GRPOConfig, engine: Any, tokenizer: Any, vision: Any = 
         sampling=SamplingParams(temperature=args.temperature, top_p=args.top_p),
         batch_wait=args.batch_wait,
         vision=vision if getattr(engine, "vision", None) is not None else None,
+        compaction=args.compaction(),
     )

@@ -3,7 +3,10 @@
 toolgym envs [--tools]                               registered environments (and their tools)
 toolgym play Wordle-v0 --model smollm2-135m          watch a model play one episode
 toolgym eval Wordle-v0 --model smollm2-135m -n 8     success rate, reward, turns, statuses
-    [--output episodes.jsonl]                        ... and the trajectories, for `view`
+    [--rollouts 4] [--report r.json]                 ... pass@k and mean@k with standard errors
+    [--output episodes.jsonl [--resume]]             ... the trajectories, for `view` and resume
+    [--engine vllm | --server URL]                   ... on vLLM in-process or vLLM servers
+toolgym eval --compare base.json new.json            two reports, paired row by row
 toolgym train Wordle-v0 --model smollm2-135m [--config run.yaml] [--max-steps 30 ...]
                                                      GRPO / RLOO, every GRPOConfig field a flag
 toolgym view runs/grpo [--port 8765] [--open]        the run viewer (a run folder or a JSONL)
@@ -30,6 +33,7 @@ from toolgym.cli.endpoint import add_endpoint_command
 from toolgym.cli.env_spec import import_registrations
 from toolgym.cli.episodes import add_episode_commands
 from toolgym.cli.errors import CLIError
+from toolgym.cli.evaluate import add_eval_command
 from toolgym.cli.multinode import add_accelerate_config_command
 from toolgym.cli.serve import add_serve_command
 from toolgym.cli.terminal import terminal_text
@@ -55,6 +59,7 @@ def build_parser(train_flags: bool = True) -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_episode_commands(commands)
+    add_eval_command(commands)
     add_train_command(commands, with_config_flags=train_flags)
     add_endpoint_command(commands)
     add_serve_command(commands)

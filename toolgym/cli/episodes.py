@@ -10,7 +10,6 @@ from typing import Any
 
 import toolgym
 from toolgym.agents.limits import AgentLimits
-from toolgym.agents.trajectory import save_jsonl, summarize
 from toolgym.cli.env_spec import ResolvedEnv, read_rows, resolve_env
 from toolgym.cli.errors import CLIError
 from toolgym.cli.terminal import escape_log_output, terminal_text
@@ -41,20 +40,44 @@ def list_environments(args: argparse.Namespace) -> int:
 
 
 def build_agent(args: argparse.Namespace) -> Any:
-    """The agent the CLI's arguments describe (transformers on the CPU)."""
-    from toolgym.agents import Agent, HFEngine, SamplingParams
-    from toolgym.agents.models import load_model, load_tokenizer
+    """The agent the CLI's arguments describe: `--model`'s tokenizer, and the engine of
+    `--engine` (transformers, or vLLM in this process) or `--server` (vLLM servers)."""
+    from toolgym.agents import Agent, SamplingParams
+    from toolgym.agents.models import load_tokenizer
 
     tokenizer = load_tokenizer(args.model)
-    model = load_model(args.model).eval()
     return Agent(
-        HFEngine(model, tokenizer),
+        _engine(args, tokenizer),
         tokenizer,
         parser=args.parser,
         limits=AgentLimits.from_arguments(args),
         sampling=SamplingParams(temperature=args.temperature),
         chat_template_kwargs=args.chat_template_kwargs,
     )
+
+
+def _engine(args: argparse.Namespace, tokenizer: Any) -> Any:
+    engine = getattr(args, "engine", "hf")
+    server = getattr(args, "server", None)
+    if server:
+        from toolgym.agents.engines.server import VLLMServerEngine
+
+        try:
+            return VLLMServerEngine(server)
+        except Exception as error:  # no server answers there, or not a vLLM server
+            raise CLIError(f"--server {server}: {error}") from None
+    if engine == "vllm":
+        try:
+            from toolgym.agents import VLLMEngine
+            from toolgym.agents.models import resolve_model
+
+            return VLLMEngine(resolve_model(args.model), seed=args.seed)
+        except ImportError as error:
+            raise CLIError(f"--engine vllm needs vLLM installed ({error})") from None
+    from toolgym.agents import HFEngine
+    from toolgym.agents.models import load_model
+
+    return HFEngine(load_model(args.model).eval(), tokenizer)
 
 
 def episode_rows(args: argparse.Namespace, env: ResolvedEnv, n: int) -> list[dict[str, Any]]:
@@ -110,37 +133,6 @@ def play(args: argparse.Namespace) -> int:
     return 0
 
 
-def evaluate(args: argparse.Namespace) -> int:
-    """`toolgym eval`: N episodes, their summary, and (`--output`) the trajectories."""
-    from tqdm.auto import tqdm
-
-    escape_log_output()
-    env_spec = resolve_env(args.env)
-    rows = episode_rows(args, env_spec, args.n)
-    envs = make_envs(args, env_spec, len(rows))
-    try:
-        agent = build_agent(args)
-        desc = terminal_text(f"eval {args.env}")
-        with tqdm(total=len(rows), desc=desc, unit="episode") as bar:
-            trajectories = agent.run(
-                envs,
-                rows,
-                seeds=list(range(args.seed, args.seed + len(rows))),
-                on_episode_end=lambda _: bar.update(),
-            )
-    finally:
-        _close(envs)
-    summary = summarize(trajectories, args.success_threshold)
-    print(json.dumps(summary, indent=2) if args.json else format_summary(args.env, summary))
-    if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        save_jsonl(trajectories, args.output)
-        if not args.json:
-            where = terminal_text(args.output)
-            print(f"trajectories: {where} (open them with: toolgym view {where})")
-    return 0
-
-
 def format_summary(env_id: str, s: dict[str, Any]) -> str:
     """The summary as one line of text (and the environment's skill metrics, per episode),
     safe for a terminal (metric names are the environment's text)."""
@@ -179,9 +171,10 @@ def json_object(text: str) -> dict[str, Any]:
     return value
 
 
-def add_env_arguments(parser: argparse.ArgumentParser) -> None:
-    """ENV, `--env-kwargs` and `--dataset`: what every episode-playing command takes."""
-    parser.add_argument("env", metavar="ENV", help=ENV_HELP)
+def add_env_arguments(parser: argparse.ArgumentParser, optional: bool = False) -> None:
+    """ENV, `--env-kwargs` and `--dataset`: what every episode-playing command takes (ENV
+    may be left out where the command can do without, `optional`)."""
+    parser.add_argument("env", metavar="ENV", help=ENV_HELP, nargs="?" if optional else None)
     parser.add_argument(
         "--env-kwargs",
         type=json_object,
@@ -197,10 +190,21 @@ def add_env_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
+def add_agent_arguments(parser: argparse.ArgumentParser, optional_env: bool = False) -> None:
     """The arguments `play` and `eval` share (the limits come from `AgentLimits`)."""
-    add_env_arguments(parser)
+    add_env_arguments(parser, optional_env)
     parser.add_argument("--model", default="smollm2-135m", help="hub id, folder, or smollm2-135m")
+    parser.add_argument(
+        "--engine",
+        default="hf",
+        choices=["hf", "vllm"],
+        help="transformers, or vLLM in this process (installed separately)",
+    )
+    parser.add_argument(
+        "--server",
+        metavar="URL",
+        help="generate on vLLM servers at URL (comma-separated; --model names the tokenizer)",
+    )
     parser.add_argument(
         "--parser", default="auto", help="tool-call parser (auto, hermes, vllm:<name>, ...)"
     )
@@ -225,7 +229,7 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_episode_commands(commands: Any) -> None:
-    """The `envs`, `play`, `eval` and `view` subcommands."""
+    """The `envs`, `play` and `view` subcommands (`eval`: `toolgym.cli.evaluate`)."""
     envs = commands.add_parser("envs", help="list registered environments")
     envs.add_argument("--namespace", help="only ids of this namespace")
     envs.add_argument("--tools", action="store_true", help="also list each environment's tools")
@@ -233,19 +237,6 @@ def add_episode_commands(commands: Any) -> None:
     play_parser = commands.add_parser("play", help="watch a model play one episode")
     add_agent_arguments(play_parser)
     play_parser.set_defaults(handler=play)
-    eval_parser = commands.add_parser("eval", help="play N episodes and summarise")
-    add_agent_arguments(eval_parser)
-    eval_parser.add_argument("-n", type=int, default=8, help="episodes")
-    eval_parser.add_argument("--json", action="store_true", help="print the summary as JSON")
-    eval_parser.add_argument(
-        "--success-threshold", type=float, default=1.0, help="reward that counts as a success"
-    )
-    eval_parser.add_argument(
-        "--output",
-        metavar="FILE.jsonl",
-        help="write the episodes' trajectories there (for `toolgym view`)",
-    )
-    eval_parser.set_defaults(handler=evaluate)
     view_parser = commands.add_parser(
         "view", help="open a run folder or a trajectories JSONL in the run viewer (browser)"
     )

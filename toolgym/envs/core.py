@@ -98,6 +98,17 @@ class Environment:
         set `reward` / `done`. The default ignores the text.
         """
 
+    def user_turn(self, answer: str) -> str | None:
+        """The user's next message after the model answered `answer` without a tool call, for
+        episodes of several user turns (a scripted list of requests, a simulated user); the
+        model then takes its next turn. None: the user has nothing more to say, and the answer
+        goes to `final_answer` (the episode ends). The default has one user turn: None.
+
+        It must not grade the answer (that is `final_answer`'s, once, at the end); it may set
+        `reward` for what the turns so far achieved. An exception it raises is the model's
+        (as in a tool), unless it is an `EnvironmentBug`."""
+        return None
+
     def inline_step(self, text: str) -> InlineStep | str | None:
         """The inline protocol's step: `text` is what the model wrote since the last marker,
         the marker included. Return an observation to append inline (a string), an

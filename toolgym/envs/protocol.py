@@ -43,6 +43,13 @@ HOOKS: dict[str, Hook] = {
             "final_answer",
         ),
         Hook(
+            "user_turn",
+            "hands user_turn(answer) the model's answer without a tool call and reads the "
+            "user's next message (None: the user is done)",
+            True,
+            "user_turn",
+        ),
+        Hook(
             "episode_metrics",
             "reads episode_metrics() as the episode's named figures",
             True,

@@ -104,6 +104,10 @@ class Steppable(Protocol):
         """Hand the model's last message (an answer without tool calls) to the environment."""
         ...
 
+    def user_turn(self, answer: str) -> str | None:
+        """The user's next message after an answer without tool calls (None: no more)."""
+        ...
+
     async def ainline_step(self, text: str) -> InlineStep:
         """The inline protocol's step on text the model wrote."""
         ...
@@ -172,6 +176,11 @@ class Executor(abc.ABC):
     def final_answer(self, text: str) -> None:  # noqa: B027 (a default: no grader to hand it)
         """Hand the model's last message (no tool calls) to the environment to grade (by
         default nobody: reward functions grade it)."""
+
+    def user_turn(self, answer: str) -> str | None:
+        """The environment's next user message after an answer without tool calls (by
+        default none: one user turn)."""
+        return None
 
     def inline(self, text: str) -> InlineStep:
         """The environment's `inline_step` on text the model wrote (the inline protocol)."""
@@ -291,6 +300,14 @@ class LocalExecutor(Executor):
         self.answered = True
         with _the_model_s("final_answer"):
             self._optional("final_answer", text)
+
+    def user_turn(self, answer: str) -> str | None:
+        """The instance's `user_turn` (None without one); an exception it raises is the
+        model's (`ModelCausedError`) unless it is an `EnvironmentBug`."""
+        if self._over():
+            return None
+        with _the_model_s("user_turn"):
+            return self._optional("user_turn", answer)
 
     def inline(self, text: str) -> InlineStep:
         """The instance's `inline_step`; an exception it raises is the model's
@@ -496,6 +513,20 @@ class Stepper:
             return
         self.state.answered = True
         self.executor.final_answer(text)
+
+    def user_turn(self, answer: str) -> str | None:
+        """The user's next message after the model's `answer` without tool calls (None: the
+        user is done, and the answer goes to `final_answer`); None once the episode is over.
+        A message that is not text is the environment's own fault (`EnvironmentBug`)."""
+        if self._is_over():
+            return None
+        message = self.executor.user_turn(answer)
+        if message is not None and not isinstance(message, str):
+            raise EnvironmentBug(
+                f"{self.executor.target.__name__}.user_turn returned "
+                f"{type(message).__name__}, not a str or None"
+            )
+        return message
 
     def demonstration(self) -> Demonstration | None:
         """An expert's tool calls for this episode, one list per turn, if it has an expert."""

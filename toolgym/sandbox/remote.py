@@ -370,6 +370,10 @@ class RemoteExecutor(Executor):
     def final_answer(self, text: str) -> None:
         self._model_request("invoke", name="final_answer", args=[text])
 
+    def user_turn(self, answer: str) -> str | None:
+        message = self._model_request("invoke", name="user_turn", args=[answer])
+        return None if message is None else str(message)
+
     def inline(self, text: str) -> InlineStep:
         return as_inline_step(self._model_request("invoke", name="inline_step", args=[text]))
 

@@ -18,7 +18,8 @@ OP is one of:
     call    {"name", "arguments"}          -> {"content": str, "failure": null | "tool_error"
                                               | "tool_exception" | "bad_result"}
     invoke  {"name", "args"}               a protocol method: get_reward, final_answer,
-                                           inline_step, demonstration, episode_metrics, close
+                                           user_turn, inline_step, demonstration,
+                                           episode_metrics, close
     ping    {}                             -> "pong" (health check)
     exit    {}                             the worker replies, then exits
 

@@ -69,16 +69,48 @@ def search_text(data: dict[str, Any], limit: int = SEARCH_CHARS) -> str:
     return "\n".join(parts)[:limit].lower()
 
 
-def shown_sample(data: dict[str, Any]) -> tuple[dict[str, Any], int]:
-    """The sample the token view shows, and how many samples the episode trains on: the last
-    of `samples` (the episode as the model last saw it), or, in files written before
-    `samples`, the flat `prompt_ids` ... `logprobs` (a per-turn episode's last turn, with
-    its earlier turns in `turns`)."""
+def shown_sample(data: dict[str, Any], index: int | None = None) -> tuple[dict[str, Any], int]:
+    """The sample the token view shows, and how many samples the episode trains on: sample
+    `index` of `samples` (default the last: the episode as the model last saw it), or, in
+    files written before `samples`, the flat `prompt_ids` ... `logprobs` (a per-turn
+    episode's last turn, with its earlier turns in `turns`)."""
     samples = data.get("samples")
     if isinstance(samples, list):
-        last = samples[-1] if samples and isinstance(samples[-1], dict) else {}
-        return last, len(samples)
+        at = len(samples) - 1 if index is None else index
+        if not 0 <= at < len(samples) and samples:
+            raise IndexError(f"the episode has {len(samples)} samples; there is no sample {at}")
+        chosen = samples[at] if samples and isinstance(samples[at], dict) else {}
+        return chosen, len(samples)
     return data, max(1, len(data.get("turns") or []))
+
+
+def sample_graph(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The episode's samples as a graph: for each, its `parent` (the sample it continues,
+    None for a root), its `role`, and its prompt, sampled and observation token counts."""
+    samples = data.get("samples")
+    if not isinstance(samples, list):
+        return []
+    graph = []
+    for index, sample in enumerate(samples):
+        sample = sample if isinstance(sample, dict) else {}
+        mask = _list(sample.get("loss_mask"))
+        sampled = sum(1 for value in mask if value == 1)
+        parent = sample.get("parent", index - 1 if index else None)  # older files: a chain
+        graph.append(
+            {
+                "index": index,
+                "parent": parent if isinstance(parent, int) else None,
+                "role": str(sample.get("role") or "policy"),
+                "prompt": len(_list(sample.get("prompt_ids"))),
+                "sampled": sampled,
+                "observation": len(_list(sample.get("completion_ids"))) - sampled,
+            }
+        )
+    return graph
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def summarize_episode(data: dict[str, Any], source: str, index: int) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from toolgym.viewer.data import EVAL_FILE, EpisodeQuery, RunData, shown_sample
+from toolgym.viewer.data import EVAL_FILE, EpisodeQuery, RunData, sample_graph, shown_sample
 from toolgym.viewer.tokens import TokenDecoder
 
 STATIC = Path(__file__).resolve().parent / "static"
@@ -155,12 +155,14 @@ class ViewerApp:
         return self.data.episodes(EpisodeQuery.from_params(params))
 
     def episode(self, params: dict[str, str]) -> dict[str, Any]:
-        """`/api/episode`."""
+        """`/api/episode` (`sample`: which of the episode's samples the tokens are; default
+        the last)."""
         episode_file = self.data.file(params.get("source", ""))
         index = int(params.get("index", ""))
         data = episode_file.read(index)
         tokenizer = self.decoder.describe()  # before decoding: "pending" errs towards a re-fetch
-        sample, samples = shown_sample(data)
+        chosen = int(params["sample"]) if params.get("sample") else None
+        sample, samples = shown_sample(data, chosen)
         return {
             "summary": episode_file.summary(index),
             "episode": {k: v for k, v in data.items() if k not in TOKEN_FIELDS},
@@ -171,6 +173,8 @@ class ViewerApp:
                 _list(sample.get("logprobs")),
             ),
             "samples": samples,
+            "sample": samples - 1 if chosen is None else chosen,
+            "graph": sample_graph(data),
             "tokenizer": tokenizer,
         }
 

@@ -23,6 +23,7 @@ const state = {
   table: { offset: 0, total: null },
   polling: false,
   tokenTimer: null,
+  episode: null,  // {source, index} of the episode shown
 };
 const $ = (selector, root = document) => root.querySelector(selector);
 
@@ -509,6 +510,7 @@ async function renderEpisode(source, index) {
   $("#episode-next").hidden = index + 1 >= count;
   $("#episode-facts").replaceChildren(...facts(summary, episode));
   $("#conversation").replaceChildren(...conversation(episode.messages || []));
+  state.episode = { source, index };  // the episode the token view shows
   renderTokens(answer, episode);
   markRendered(`episode=${source}:${index}`);
   retryTokens(source, index, answer.tokenizer.pending);
@@ -616,7 +618,7 @@ function renderTokens(answer, episode) {
   const tokens = answer.completion_tokens;
   // only the shown sample's steps: a chat episode's steps name their sample; an inline
   // episode's (no `sample`) are on its last, the one shown
-  const shown = answer.samples - 1;
+  const shown = answer.sample ?? answer.samples - 1;
   const steps = (episode.step_rewards || []).filter((s) => s.sample === undefined || s.sample === shown);
   const stepEnds = new Map();  // a turn's environment reward and its invalid-call reward add up
   steps.forEach((s) => stepEnds.set(s.end, (stepEnds.get(s.end) || 0) + s.reward));
@@ -639,8 +641,39 @@ function renderTokens(answer, episode) {
   const notes = [];
   if (answer.tokenizer.pending) notes.push("Loading the tokenizer: tokens show their ids until it is ready.");
   else if (!answer.tokenizer.loaded) notes.push(`No tokenizer (${answer.tokenizer.error || "none found"}): tokens show their ids.`);
-  if (answer.samples > 1) notes.push(`This episode was trained one sample per turn (${answer.samples}); these are its last turn's tokens.`);
+  if (answer.samples > 1) notes.push(`This episode trains on ${answer.samples} samples (each continues the one it names); these are sample ${shown}'s tokens.`);
   $("#token-note").textContent = notes.join(" ");
+  renderGraph(answer, episode);
+}
+
+// The episode's samples as a graph: one button per sample (its parent, role and token counts);
+// a click shows that sample's tokens.
+function renderGraph(answer, episode) {
+  const graph = answer.graph || [];
+  const shown = answer.sample ?? answer.samples - 1;
+  const shownEpisode = state.episode;
+  const buttons = graph.length > 1 ? graph.map((node) => {
+    const from = node.parent === null ? "root" : `from ${node.parent}`;
+    const button = el("button", {
+      type: "button",
+      class: node.index === shown ? "sample-node shown" : "sample-node",
+      title: `sample ${node.index} (${from}, role ${node.role}): prompt ${node.prompt}, sampled ${node.sampled}, observation ${node.observation} tokens`,
+      text: `${node.index} · ${from} · ${node.role} · ${node.sampled} sampled`,
+    });
+    button.dataset.sample = node.index;
+    button.addEventListener("click", async () => {
+      if (!shownEpisode) return;
+      try {
+        const other = await api("episode", { ...shownEpisode, sample: node.index });
+        if (state.episode !== shownEpisode) return; // the page moved on
+        renderTokens(other, episode);
+      } catch (error) {
+        showError(String(error.message || error));
+      }
+    });
+    return button;
+  }) : [];
+  $("#sample-graph").replaceChildren(...buttons);
 }
 
 function shade(logprob) {

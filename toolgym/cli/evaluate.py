@@ -1,0 +1,220 @@
+"""`toolgym eval`: rows played `--rollouts` times each on any engine, their summary, pass@k
+and mean@k with standard errors (`--report`), resumable from its output file, and the paired
+comparison of two reports (`--compare`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from toolgym.agents.trajectory import Trajectory, load_jsonl, save_jsonl, summarize
+from toolgym.cli.env_spec import resolve_env
+from toolgym.cli.episodes import (
+    add_agent_arguments,
+    build_agent,
+    episode_rows,
+    format_summary,
+    make_envs,
+)
+from toolgym.cli.errors import CLIError
+from toolgym.cli.eval_report import compare_reports, eval_report, format_comparison, format_report
+from toolgym.cli.terminal import escape_log_output, terminal_text
+
+Key = tuple[int, int]
+"""(row, rollout) of one episode."""
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    """`toolgym eval`."""
+    if args.compare:
+        return compare(args.compare, args.json)
+    if args.env is None:
+        raise CLIError("ENV is required (or --compare BASE.json NEW.json)")
+    if args.rollouts < 1 or args.concurrency < 1:
+        raise CLIError("--rollouts and --concurrency must be at least 1")
+    from tqdm.auto import tqdm
+
+    escape_log_output()
+    env_spec = resolve_env(args.env)
+    rows = episode_rows(args, env_spec, args.n)
+    if not rows:
+        raise CLIError(f"{args.env}: no rows to play")
+    done = _resumed(args.output, rows, args.rollouts) if args.resume else {}
+    if args.output and not args.resume:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text("")
+    todo = [
+        (row, rollout)
+        for row in range(len(rows))
+        for rollout in range(args.rollouts)
+        if (row, rollout) not in done
+    ]
+    if todo:
+        _seed_sampling(args.seed)
+        agent = build_agent(args)
+        desc = terminal_text(f"eval {args.env}")
+        with tqdm(total=len(todo), desc=desc, unit="episode") as bar:
+            for start in range(0, len(todo), args.concurrency):
+                chunk = todo[start : start + args.concurrency]
+                done.update(_play(args, agent, env_spec, rows, chunk, bar.update))
+        close = getattr(agent.engine, "close", None)
+        if callable(close):
+            close()
+    grouped = [[done[(row, j)] for j in range(args.rollouts)] for row in range(len(rows))]
+    episodes = [t for row in grouped for t in row]
+    summary = summarize(episodes, args.success_threshold)
+    report = eval_report(grouped, _settings(args, len(todo)), args.success_threshold)
+    if args.json:
+        print(json.dumps(report if args.rollouts > 1 or args.report else summary, indent=2))
+    else:
+        print(format_summary(args.env, summary))
+        if args.rollouts > 1:
+            print(terminal_text(format_report(report)))
+    if args.report:
+        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.report).write_text(json.dumps(report, indent=2) + "\n")
+    if args.output and not args.json:
+        where = terminal_text(args.output)
+        print(f"trajectories: {where} (open them with: toolgym view {where})")
+    return 0
+
+
+def _play(
+    args: argparse.Namespace,
+    agent: Any,
+    env_spec: Any,
+    rows: list[dict[str, Any]],
+    chunk: list[Key],
+    tick: Any,
+) -> dict[Key, Trajectory]:
+    """The episodes of `chunk`, played at once (each its own environment instance), each row
+    reset with the seed `--seed` + its index (the same task in every rollout); appended to
+    `--output` as soon as the chunk ends."""
+    envs = make_envs(args, env_spec, len(chunk))
+    try:
+        trajectories = agent.run(
+            envs,
+            [rows[row] for row, _ in chunk],
+            seeds=[args.seed + row for row, _ in chunk],
+            on_episode_end=lambda _: tick(),
+        )
+    finally:
+        for env in envs:
+            env.close()
+    for (row, rollout), trajectory in zip(chunk, trajectories, strict=True):
+        trajectory.metrics["eval_row"], trajectory.metrics["eval_rollout"] = row, rollout
+    if args.output:
+        save_jsonl(trajectories, args.output, append=True)
+    return dict(zip(chunk, trajectories, strict=True))
+
+
+def _resumed(
+    output: str | None, rows: list[dict[str, Any]], rollouts: int
+) -> dict[Key, Trajectory]:
+    """The episodes an interrupted evaluation already wrote to `output` (none if it does not
+    exist). Raises CLIError for a file of another evaluation (an episode of a row beyond
+    these, or whose row differs)."""
+    if output is None:
+        raise CLIError("--resume needs --output FILE.jsonl (the episodes played so far)")
+    if not Path(output).exists():
+        return {}
+    done: dict[Key, Trajectory] = {}
+    for trajectory in load_jsonl(output):
+        row = int(trajectory.metrics.get("eval_row", -1))
+        rollout = int(trajectory.metrics.get("eval_rollout", -1))
+        expected = rows[row] if 0 <= row < len(rows) else None
+        plain = {k: v for k, v in (expected or {}).items() if k != "prompt"}
+        if expected is None or not 0 <= rollout < rollouts or trajectory.row != _jsonable(plain):
+            raise CLIError(
+                f"{output} holds an episode of another evaluation (row {row}, rollout "
+                f"{rollout}): resume with the same ENV, dataset, -n, --seed and --rollouts, "
+                "or write to a new --output"
+            )
+        done[(row, rollout)] = trajectory
+    return done
+
+
+def _jsonable(row: dict[str, Any]) -> Any:
+    return json.loads(json.dumps(row, default=str))
+
+
+def _seed_sampling(seed: int) -> None:
+    """Pin the transformers engine's sampling (vLLM takes its own seed)."""
+    import torch
+
+    torch.manual_seed(seed)
+
+
+def _settings(args: argparse.Namespace, played: int) -> dict[str, Any]:
+    return {
+        "env": args.env,
+        "env_kwargs": args.env_kwargs,
+        "dataset": args.dataset,
+        "model": args.model,
+        "engine": "server" if args.server else args.engine,
+        "server": args.server,
+        "temperature": args.temperature,
+        "seed": args.seed,
+        "max_turns": args.max_turns,
+        "max_new_tokens": args.max_new_tokens,
+        "max_episode_tokens": args.max_episode_tokens,
+        "episodes_played_now": played,
+    }
+
+
+def compare(paths: list[str], as_json: bool) -> int:
+    """`toolgym eval --compare BASE.json NEW.json`."""
+    reports = []
+    for path in paths:
+        try:
+            reports.append(json.loads(Path(path).read_text()))
+        except (OSError, json.JSONDecodeError) as error:
+            raise CLIError(f"cannot read the report {path}: {error}") from None
+    try:
+        comparison = compare_reports(*reports)
+    except (ValueError, KeyError, TypeError) as error:
+        raise CLIError(f"cannot compare {paths[0]} and {paths[1]}: {error}") from None
+    text = json.dumps(comparison, indent=2) if as_json else format_comparison(comparison)
+    print(terminal_text(text))
+    return 0
+
+
+def add_eval_command(commands: Any) -> None:
+    """The `eval` subcommand."""
+    parser = commands.add_parser(
+        "eval", help="play N rows (each --rollouts times) and summarise; pass@k, reports"
+    )
+    add_agent_arguments(parser, optional_env=True)
+    parser.add_argument("-n", type=int, default=8, help="rows (tasks)")
+    parser.add_argument(
+        "--rollouts", type=int, default=1, help="episodes per row (pass@k and mean@k over them)"
+    )
+    parser.add_argument("--concurrency", type=int, default=32, help="episodes in flight at once")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+    parser.add_argument(
+        "--success-threshold", type=float, default=1.0, help="reward that counts as a success"
+    )
+    parser.add_argument(
+        "--output",
+        metavar="FILE.jsonl",
+        help="write the episodes' trajectories there as they end (for `toolgym view`, --resume)",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the episodes --output already holds and play only the rest",
+    )
+    parser.add_argument(
+        "--report",
+        metavar="FILE.json",
+        help="write the report: settings, pass@k and mean@k with standard errors, per-row results",
+    )
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("BASE.json", "NEW.json"),
+        help="compare two reports row by row (paired differences); plays nothing",
+    )
+    parser.set_defaults(handler=evaluate)

@@ -506,3 +506,32 @@ def test_server_stop_strings_and_inline_episodes(vllm_server):
     finally:
         engine.close()
     assert not engine.weights_dir.exists(), "the weights folder the engine made outlived it"
+
+
+def test_eval_plays_rollouts_on_vllm_servers_and_in_process(vllm_server, tmp_path, capsys):
+    """`toolgym eval --server URL` and `--engine vllm`: the same rows, each played twice, into a
+    report (the tokenizer from --model, the weights from the server or the folder)."""
+    import json
+
+    from toolgym.agents import load_jsonl
+    from toolgym.cli import main
+
+    url, tokenizer, model = vllm_server
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    common = ["Wordle-v0", "--model", str(folder), "-n", "2", "--rollouts", "2"]
+    common += ["--max-new-tokens", "40", "--max-turns", "3", "--temperature", "1.0"]
+    for engine, flags in (("server", ["--server", url]), ("vllm", ["--engine", "vllm"])):
+        report = tmp_path / f"{engine}.json"
+        output = tmp_path / f"{engine}.jsonl"
+        assert (
+            main(["eval", *common, *flags, "--report", str(report), "--output", str(output)]) == 0
+        )
+        assert "2 rows x 2 rollouts" in capsys.readouterr().out
+        written = json.loads(report.read_text())
+        assert written["settings"]["engine"] == engine
+        assert (written["rows"], written["rollouts"]) == (2, 2)
+        episodes = load_jsonl(output)
+        assert len(episodes) == 4 and all(t.status != "engine_error" for t in episodes)
+        assert sum(t.metrics["tool_calls"] for t in episodes) >= 4  # the tool caller plays

@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # the public names: type checkers read them, and lazy_exports
     from toolgym.agents.limits import AgentLimits
     from toolgym.agents.parsers import PARSERS, ParsedMessage, get_parser
     from toolgym.agents.rollout import Agent
+    from toolgym.agents.subagents import SubAgent
     from toolgym.agents.trajectory import (
         STATUSES,
         Sample,

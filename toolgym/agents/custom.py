@@ -35,8 +35,9 @@ from toolgym.agents.engines.base import Completion, SamplingParams
 from toolgym.agents.images import tool_images
 from toolgym.agents.inline import observation_ids
 from toolgym.agents.parsers import ParsedMessage, type_arguments
+from toolgym.agents.subagents import step_with_subagents
 from toolgym.agents.trajectory import Sample, Status, Trajectory
-from toolgym.envs.calls import INVALID_CALLS, MalformedToolCall, ToolCall
+from toolgym.envs.calls import INVALID_CALLS, MalformedToolCall, ToolCall, as_call_list
 from toolgym.envs.tools import valid_text
 
 if TYPE_CHECKING:
@@ -100,10 +101,19 @@ class RolloutContext(abc.ABC):
     _row: dict[str, Any]
     _reward: float | None
 
-    def _open(self, messages: list[dict[str, Any]]) -> None:
-        """Start the rollout function's view of the episode from its first messages."""
+    def _open(self, messages: list[dict[str, Any]], subagents: bool = True) -> None:
+        """Start the rollout function's view of the episode from its first messages; the
+        agent's sub-agents join the tools unless not `subagents` (a sub-episode's)."""
         self.messages = messages
-        self.tools: list[dict[str, Any]] = self.env.tools
+        self.tools: list[dict[str, Any]] = list(self.env.tools)
+        self._subagents = {s.name: s for s in self.agent.subagents} if subagents else {}
+        self._side: list[tuple[int, Trajectory, str]] = []  # (spawning sample, episode, role)
+        clash = sorted(set(self._subagents) & {t["function"]["name"] for t in self.tools})
+        if clash:
+            raise ValueError(
+                f"the sub-agent tool {clash[0]!r} has the name of a tool of the environment"
+            )
+        self.tools += [subagent.schema() for subagent in self._subagents.values()]
         self.trajectory: Trajectory | None = None
         self.hit_length = False
         self._told = False  # the prompt went to `on_message`
@@ -140,6 +150,11 @@ class RolloutContext(abc.ABC):
     @abc.abstractmethod
     async def _env_user_turn(self, answer: str) -> str | None:
         """The environment's `user_turn`, under the tool limits."""
+
+    @abc.abstractmethod
+    async def _play_subepisode(self, env: Any, row: dict[str, Any]) -> Trajectory:
+        """Another episode of `env` from `row`, with this episode's agent, engine and
+        sampling, without sub-agents of its own (its trajectory; never raises)."""
 
     # -- the rollout function's view ---------------------------------------------------------
     @property
@@ -187,14 +202,15 @@ class RolloutContext(abc.ABC):
         self,
         messages: list[dict[str, Any]] | None = None,
         tools: list[dict[str, Any]] | None = None,
+        role: str = "policy",
     ) -> Trajectory:
         """A trajectory whose prompt is the chat template's rendering of `messages` (default:
         `self.messages`) with `tools` (default: none), ending with the generation prompt.
-        The trajectory holds one sample; `next_turn` starts another. The first call tells
-        `on_message` of the prompt."""
+        The trajectory holds one sample (played by `role`); `next_turn` or `continue_from`
+        starts another. The first call tells `on_message` of the prompt."""
         messages = list(self.messages if messages is None else messages)
         prompt_ids = self.renderer.prompt_ids(messages, tools or [])
-        self.trajectory = Trajectory([Sample(prompt_ids)], messages=messages)
+        self.trajectory = Trajectory([Sample(prompt_ids, role=role)], messages=messages)
         self.first_prompt_length = len(prompt_ids)
         self._view, self._carried = None, 0
         if not self._told:
@@ -203,12 +219,17 @@ class RolloutContext(abc.ABC):
                 self.on_message(message)
         return self.trajectory
 
-    def next_turn(self, trajectory: Trajectory, tools: list[dict[str, Any]] | None = None) -> None:
-        """Start the trajectory's next sample (one sample per turn), its `parent` the last:
-        its prompt is the template's rendering of the conversation so far as the model sees
-        it (`visible_messages`), with every tool result's image in it where the model sees
-        images."""
-        self._new_sample(trajectory, self.visible_messages(trajectory), tools or [])
+    def next_turn(
+        self,
+        trajectory: Trajectory,
+        tools: list[dict[str, Any]] | None = None,
+        role: str | None = None,
+    ) -> None:
+        """Start the trajectory's next sample (one sample per turn), its `parent` the last
+        and its `role` the last's unless given: its prompt is the template's rendering of the
+        conversation so far as the model sees it (`visible_messages`), with every tool
+        result's image in it where the model sees images."""
+        self._new_sample(trajectory, self.visible_messages(trajectory), tools or [], role)
 
     def visible_messages(self, trajectory: Trajectory) -> list[dict[str, Any]]:
         """The conversation as the model sees it: `trajectory.messages`, or, once it was
@@ -223,15 +244,18 @@ class RolloutContext(abc.ABC):
         messages: list[dict[str, Any]],
         keep_view: bool = False,
         used: int | None = None,
+        role: str | None = None,
     ) -> None:
         """Continue the episode in a new sample (its `parent` the last) whose prompt is the
         template's rendering of `messages`, the conversation as the model now sees it (e.g.
         compacted: `toolgym.agents.compaction`); messages added later join that view. With
         `keep_view`, the view stays as it was (a side turn, such as a summary request, whose
         messages are added with `visible=False`). The token budget counts on from what the
-        episode used (`used`, default `tokens_used` now)."""
+        episode used (`used`, default `tokens_used` now). The new sample is played by `role`
+        (default: the last sample's), e.g. a solver after a proposer, with the roles scored
+        apart in `Trajectory.role_rewards`."""
         used = self.tokens_used(trajectory) if used is None else used
-        self._new_sample(trajectory, messages, self.tools)
+        self._new_sample(trajectory, messages, self.tools, role)
         self._carried, self.first_prompt_length = used, len(trajectory.prompt_ids)
         if not keep_view:
             self._view = list(messages)
@@ -244,7 +268,11 @@ class RolloutContext(abc.ABC):
         return self._carried + length - (self.first_prompt_length or len(trajectory.prompt_ids))
 
     def _new_sample(
-        self, trajectory: Trajectory, messages: list[dict[str, Any]], tools: list[dict[str, Any]]
+        self,
+        trajectory: Trajectory,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        role: str | None = None,
     ) -> None:
         images = tool_images(messages) if self.vision is not None else []
         try:
@@ -254,7 +282,8 @@ class RolloutContext(abc.ABC):
         except Exception as error:
             raise EpisodeEnd("env_error", f"the chat template cannot render: {error}") from error
         parent = len(trajectory.samples) - 1
-        trajectory.samples.append(Sample(prompt_ids, images=images, parent=parent))
+        role = trajectory.samples[-1].role if role is None else role
+        trajectory.samples.append(Sample(prompt_ids, images=images, parent=parent, role=role))
 
     async def compact(self, trajectory: Trajectory) -> bool:
         """Compact the conversation where the agent's `Compaction` says so (its budget is
@@ -347,8 +376,19 @@ class RolloutContext(abc.ABC):
         the episode's, not a turn's). Each call refused before any tool ran (`INVALID_CALLS`)
         adds `AgentLimits.invalid_call_reward` to the turn's step rewards, outside the
         environment's reward (`in_reward` 0)."""
-        step = await self._call_tools(tool_calls)
         target = trajectory if trajectory is not None else self.trajectory
+        calls = as_call_list(tool_calls)
+        if any(isinstance(c, ToolCall) and c.name in self._subagents for c in calls):
+            limit = self.limits.max_tool_calls_per_turn
+            if len(calls) > limit:
+                raise EpisodeEnd(
+                    "too_many_calls",
+                    f"{len(calls)} tool calls in one turn; at most {limit} "
+                    "(AgentLimits.max_tool_calls_per_turn)",
+                )
+            step = await step_with_subagents(self, calls, target)
+        else:
+            step = await self._call_tools(calls)
         if target is not None and getattr(self.env, "reward_per_step", True):
             record_turn_reward(target, step.reward, self._turn)
         if target is not None and self.limits.invalid_call_reward:

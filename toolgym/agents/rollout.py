@@ -33,6 +33,7 @@ from toolgym.agents.engines.base import (
 from toolgym.agents.limits import AgentLimits
 from toolgym.agents.parsers import Parser, get_parser
 from toolgym.agents.protocols import chat_rollout, inline_rollout
+from toolgym.agents.subagents import SubAgent, join_side_samples
 from toolgym.agents.trajectory import MODEL_FAILURES, Status, Trajectory
 from toolgym.envs.calls import (
     EpisodeFailure,
@@ -186,6 +187,8 @@ class Agent:
         compaction: Past a token budget, compact the conversation the model sees (drop or
             summarise earlier turns) and go on in a new sample (`toolgym.agents.compaction`);
             None: never (the episode ends `length` at its limits).
+        subagents: Tools that hand a task to another episode of this agent, whose samples
+            join the caller's trajectory with their own role (`toolgym.agents.subagents`).
     """
 
     engine: Engine
@@ -202,6 +205,7 @@ class Agent:
     vision: VisionInputs | None = None
     template_profile: TemplateProfile | None = None
     compaction: Compaction | None = None
+    subagents: Sequence[SubAgent] = ()
 
     def __post_init__(self) -> None:
         self.renderer = ChatRenderer(
@@ -317,8 +321,11 @@ class Episode(RolloutContext):
         seed: int | None,
         batcher: PerRequest | RequestBatcher,
         sampling: SamplingParams | None = None,
+        subagents: bool = True,
     ) -> None:
         self.agent, self.batcher = agent, batcher
+        self.subagents = subagents
+        """Whether the agent's sub-agents are tools of this episode (not of a sub-episode)."""
         self.env: Steppable = env
         self.sampling = sampling or agent.sampling  # read once: never swapped under the episode
         self.on_message = lambda message: None
@@ -357,12 +364,11 @@ class Episode(RolloutContext):
                 row = {**row, "prompt": self.prompt}
             first = await asyncio.to_thread(self.env.reset, seed=self.seed, **row)
             joiner = "" if trl_shaped(self.env) else "\n\n"  # TRL appends it as it is
-            self._open(_prompt_messages(self.prompt, first, joiner))
+            self._open(_prompt_messages(self.prompt, first, joiner), self.subagents)
             rollout_fn = rollout_fn or self.agent.default_rollout(self.env)
         except Exception as error:
-            return await self._finish(
-                Trajectory(messages=_prompt_messages(self.prompt, None)), "env_error", error
-            )
+            prompt = [] if self.prompt is None else _prompt_messages(self.prompt, None)
+            return await self._finish(Trajectory(messages=prompt), "env_error", error)
         try:
             trajectory = await rollout_fn(self, self.env)
             if not isinstance(trajectory, Trajectory):
@@ -386,6 +392,20 @@ class Episode(RolloutContext):
         """The environment's `user_turn`, off the event loop and under the tool timeout (the
         model's answer is its input, as a tool call's arguments are)."""
         return await self._env_call(asyncio.to_thread(self.env.user_turn, answer), "user_turn")
+
+    async def _play_subepisode(self, env: Any, row: Row) -> Trajectory:
+        """Another episode on the same engine, batcher and sampling, with no sub-agents; this
+        episode waits for it, so the batcher's count of live episodes stays as it is."""
+        episode = Episode(
+            self.agent,
+            as_environment(env),
+            dict(row),
+            self.seed,
+            self.batcher,
+            self.sampling,
+            False,
+        )
+        return await episode.play()
 
     async def _env_inline_step(self, text: str) -> InlineStep:
         """The environment's `inline_step`, counted as a tool call, under the tool timeout."""
@@ -531,10 +551,13 @@ class Episode(RolloutContext):
         )
         await self._read_outcome(trajectory)
         trajectory.reward_sources = {"env": trajectory.reward}
-        self.metrics["model_tokens"] = float(trajectory.model_tokens)
-        self.metrics["observation_tokens"] = float(trajectory.observation_tokens)
+        side = getattr(self, "_side", [])  # sub-episodes, whose samples join this one's
+        observed = trajectory.observation_tokens + sum(sub.observation_tokens for _, sub, _ in side)
         if len(trajectory.samples) > 1 and not trajectory.completion_ids:
             trajectory.samples.pop()  # a turn's prompt that got no tokens (a limit ended it)
+        join_side_samples(trajectory, side)
+        self.metrics["model_tokens"] = float(trajectory.model_tokens)
+        self.metrics["observation_tokens"] = float(observed)
         trajectory.metrics = self.metrics
         trajectory.row = {k: v for k, v in self._row.items() if _is_plain(v)}
         return trajectory

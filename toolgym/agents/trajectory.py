@@ -143,6 +143,10 @@ class Trajectory:
             (`Environment.episode_metrics`, e.g. Wordle's `valid_guesses`), read when it ended.
         extras: Values reward functions logged for this episode with TRL's `log_extra(column,
             values)`, by column.
+        role_rewards: Each role's own reward, where an episode's samples play several roles
+            scored apart (two players, a proposer and a solver; set by a rollout function);
+            a role without one gets `reward`. Training gives each role a baseline of its own
+            (`toolgym.algorithms.role_baselines`).
 
     `prompt_ids`, `completion_ids`, `loss_mask` and `logprobs` read the last sample's.
     """
@@ -158,6 +162,7 @@ class Trajectory:
     step_rewards: list[dict[str, float]] = field(default_factory=list)
     env_metrics: dict[str, float] = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
+    role_rewards: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.samples or not all(isinstance(s, Sample) for s in self.samples):

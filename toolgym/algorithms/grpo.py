@@ -25,6 +25,7 @@ from accelerate.utils import InitProcessGroupKwargs, set_seed
 from toolgym.agents.custom import RolloutFn
 from toolgym.agents.engines.logs import engine_logs_to_file, engine_logs_to_terminal
 from toolgym.agents.images import VisionInputs
+from toolgym.agents.subagents import SubAgent
 from toolgym.agents.trajectory import outcome, save_jsonl, summarize
 from toolgym.algorithms.advantages import group_advantages, trainable
 from toolgym.algorithms.config import GRPOConfig, SFTConfig, check_trackers
@@ -43,6 +44,7 @@ from toolgym.algorithms.policy_versions import PolicyVersions
 from toolgym.algorithms.rewards import (
     RewardFunc,
 )
+from toolgym.algorithms.role_baselines import role_credit
 from toolgym.algorithms.sampler import Rollouts, Sampler, training_agent
 from toolgym.algorithms.stages import StageClock, StepBudget
 from toolgym.algorithms.tracking import (
@@ -75,6 +77,9 @@ class GRPOTrainer:
         engine: A ready engine to use instead of the one `args.engine` names.
         rollout_fn: An async function that plays each episode instead of the chat or inline
             protocol (`toolgym.agents.custom`), in training and evaluation.
+        subagents: Tools that hand a task to another episode of the policy
+            (`toolgym.agents.subagents.SubAgent`); their samples train with the episode's
+            advantage, under their own role.
     """
 
     def __init__(
@@ -89,6 +94,7 @@ class GRPOTrainer:
         env_kwargs: dict[str, Any] | None = None,
         engine: Any = None,
         rollout_fn: RolloutFn | None = None,
+        subagents: Sequence[SubAgent] = (),
     ) -> None:
         self.args = args = args or GRPOConfig()
         self.engine_log = _route_engine_logs(args)
@@ -119,7 +125,7 @@ class GRPOTrainer:
             self.engine = engine or make_engine(
                 args, policy, tokenizer, weights_dir, self.eval_rows, self.vision
             )
-        self.agent = training_agent(args, self.engine, tokenizer, self.vision)
+        self.agent = training_agent(args, self.engine, tokenizer, self.vision, subagents)
         process = (self.accelerator.process_index, self.accelerator.num_processes)
         self.sampler = Sampler(  # plays and scores episodes; it needs nothing of the learner
             self.agent,
@@ -254,6 +260,18 @@ class GRPOTrainer:
                 self.args.num_generations,
                 self.args.scale_rewards,
                 self.learner.gather,
+            )
+        else:  # several roles in an episode: a baseline per role (None: one role, as ever)
+            credit = role_credit(
+                trajectories,
+                share,
+                advantages,
+                [v for _, v in everyone],
+                self.args.num_generations,
+                self.args.advantage,
+                self.args.scale_rewards,
+                self.learner.gather,
+                step_credit=self.args.step_rewards == "tokens",
             )
         update_started = time.perf_counter()
         with self.stages.stage("update"):

@@ -21,6 +21,7 @@ from typing import Any
 from toolgym.agents.custom import RolloutFn
 from toolgym.agents.engines.base import SamplingParams
 from toolgym.agents.rollout import Agent
+from toolgym.agents.subagents import SubAgent
 from toolgym.agents.trajectory import Trajectory
 from toolgym.algorithms.config import GRPOConfig
 from toolgym.algorithms.curriculum import Curriculum
@@ -302,10 +303,16 @@ class Sampler:
         return sources
 
 
-def training_agent(args: GRPOConfig, engine: Any, tokenizer: Any, vision: Any = None) -> Agent:
-    """The agent playing a run's rollouts: the engine, the template choices, the limits and
-    the training sampling settings; images in tool results reach the model through `vision`
-    with the transformers engine only."""
+def training_agent(
+    args: GRPOConfig,
+    engine: Any,
+    tokenizer: Any,
+    vision: Any = None,
+    subagents: Sequence[SubAgent] = (),
+) -> Agent:
+    """The agent playing a run's rollouts: the engine, the template choices, the limits, the
+    training sampling settings and the sub-agents; images in tool results reach the model
+    through `vision` with the transformers engine only."""
     return Agent(
         engine,
         tokenizer,
@@ -318,4 +325,5 @@ def training_agent(args: GRPOConfig, engine: Any, tokenizer: Any, vision: Any = 
         batch_wait=args.batch_wait,
         vision=vision if getattr(engine, "vision", None) is not None else None,
         compaction=args.compaction(),
+        subagents=tuple(subagents),
     )

@@ -510,3 +510,18 @@ def test_one_grpo_step_trains_the_helpers_samples_with_the_episode(tmp_path):
         ("helper", -0.5),
         ("policy", -0.5),
     ]
+
+
+def test_a_task_of_undecodable_text_reaches_the_helper_escaped(tokenizer):
+    task = "\udcff lone surrogate \ud800"
+    agent = Agent(
+        ScriptedEngine(caller_and_helper(tokenizer, task=task)),
+        tokenizer,
+        parser="hermes",
+        subagents=[SubAgent()],
+    )
+    (trajectory,) = agent.run([toolgym.as_environment(Ask())], [{}])
+    assert trajectory.status == "finished" and trajectory.reward == 1.0, trajectory.error
+    result = trajectory.messages[2]
+    assert result["content"] == "42" and result["subepisode"]["status"] == "finished"
+    assert [s.role for s in trajectory.samples] == ["subagent", "policy"]

@@ -23,6 +23,7 @@ from typing import Any
 from toolgym.agents.trajectory import Sample, Trajectory
 from toolgym.envs.calls import StepResult, ToolCall
 from toolgym.envs.core import Environment
+from toolgym.envs.tools import valid_text
 
 
 class Helper(Environment):
@@ -75,9 +76,10 @@ class SubAgent:
         return self.make_env() if self.make_env is not None else Helper()
 
     def prompt(self, task: str) -> list[dict[str, Any]]:
-        """The sub-episode's first messages."""
+        """The sub-episode's first messages (the task's undecodable characters escaped: the
+        model wrote it, and no tokenizer takes lone surrogates)."""
         system = [{"role": "system", "content": self.system}] if self.system else []
-        return [*system, {"role": "user", "content": task}]
+        return [*system, {"role": "user", "content": valid_text(task)}]
 
 
 def result_text(sub: Trajectory) -> str:
@@ -167,7 +169,8 @@ async def delegate(ctx: Any, call: ToolCall, target: Trajectory | None) -> dict[
         if callable(close):
             close()
     spawner = len(target.samples) - 1 if target is not None else 0
-    ctx._side.append((spawner, sub, subagent.role))
+    if not sub.failed:  # an infrastructure failure's tokens stay out of the loss
+        ctx._side.append((spawner, sub, subagent.role))
     message["content"] = result_text(sub)
     message["subepisode"] = {"role": subagent.role, "status": sub.status, "messages": sub.messages}
     if sub.status not in ("finished", "env_done"):

@@ -193,6 +193,24 @@ def one_grpo_step(env, rows, output_dir, max_turns=2, max_new_tokens=24, max_tok
     return metrics
 
 
+def tiny_grpo_args(output_dir, **overrides):
+    """A one-step GRPO test's configuration: one prompt, a group of two in one micro-batch,
+    the hermes parser, no progress bar and no checkpoint; `overrides` change or add fields."""
+    from toolgym.algorithms import GRPOConfig
+
+    options = {
+        "output_dir": str(output_dir),
+        "max_steps": 1,
+        "prompts_per_step": 1,
+        "num_generations": 2,
+        "micro_batch_size": 2,
+        "parser": "hermes",
+        "progress_bar": False,
+        "save_steps": 0,
+    }
+    return GRPOConfig(**{**options, **overrides})
+
+
 def float64_norms(model: torch.nn.Module) -> None:
     """Make the RMS norms compute in the input's precision: transformers' norms cast to float32
     even in a float64 model, whose rounding (about 1e-7 relative) would otherwise bound the

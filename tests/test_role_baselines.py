@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from helpers import ids
+from helpers import ids, tiny_grpo_args
 
 from toolgym.agents import AgentLimits, ScriptedEngine, Trajectory
 from toolgym.agents.trajectory import Sample
@@ -103,7 +103,7 @@ async def propose_and_solve(ctx, env):
 @pytest.mark.timeout(300)
 def test_a_grpo_step_with_two_roles_gives_each_its_own_baseline(tmp_path):
     from toolgym.agents import load_jsonl
-    from toolgym.algorithms import GRPOConfig, GRPOTrainer
+    from toolgym.algorithms import GRPOTrainer
     from toolgym.testing import tiny_model, tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
@@ -116,15 +116,10 @@ def test_a_grpo_step_with_two_roles_gives_each_its_own_baseline(tmp_path):
         solved = [a for problem, a in answer.items() if problem in text]
         return ids(tokenizer, (solved[0] if solved else next(numbers)) + "<|im_end|>")
 
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        max_steps=1,
-        prompts_per_step=1,
-        num_generations=2,
-        micro_batch_size=2,
+    args = tiny_grpo_args(
+        tmp_path,
         limits=AgentLimits(max_turns=2, max_new_tokens=8),
-        progress_bar=False,
-        save_steps=0,
+        parser="auto",
         batch_wait=5.0,  # both episodes' requests in one batch, in a fixed order
         scale_rewards="none",
     )

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import GUESS, assert_token_exact, ids, wordle_rows
+from helpers import GUESS, assert_token_exact, ids, tiny_grpo_args, wordle_rows
 
 import toolgym
 from toolgym.agents import Agent, AgentLimits, ScriptedEngine, SubAgent
@@ -320,18 +320,8 @@ def test_one_grpo_step_trains_on_user_turns_and_compacted_samples(tmp_path):
     from toolgym.testing import tiny_model
 
     tokenizer = tiny_tokenizer()
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        max_steps=1,
-        prompts_per_step=1,
-        num_generations=2,
-        micro_batch_size=2,
-        limits=AgentLimits(max_turns=8, max_new_tokens=64, max_episode_tokens=3000),
-        parser="hermes",
-        progress_bar=False,
-        save_steps=0,
-        compact_at_tokens=560,
-    )
+    limits = AgentLimits(max_turns=8, max_new_tokens=64, max_episode_tokens=3000)
+    args = tiny_grpo_args(tmp_path, limits=limits, compact_at_tokens=560)
     rows = shopping_rows(1, items=3)
     trainer = GRPOTrainer(
         tiny_model(tokenizer),
@@ -476,17 +466,8 @@ def test_one_grpo_step_trains_the_helpers_samples_with_the_episode(tmp_path):
     from toolgym.testing import tiny_model
 
     tokenizer = tiny_tokenizer()
-    args = GRPOConfig(
-        output_dir=str(tmp_path),
-        max_steps=1,
-        prompts_per_step=1,
-        num_generations=2,
-        micro_batch_size=2,
-        limits=AgentLimits(max_turns=4, max_new_tokens=64, max_episode_tokens=1500),
-        parser="hermes",
-        progress_bar=False,
-        save_steps=0,
-    )
+    limits = AgentLimits(max_turns=4, max_new_tokens=64, max_episode_tokens=1500)
+    args = tiny_grpo_args(tmp_path, limits=limits)
     trainer = GRPOTrainer(
         tiny_model(tokenizer),
         Ask,

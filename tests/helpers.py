@@ -211,6 +211,21 @@ def tiny_grpo_args(output_dir, **overrides):
     return GRPOConfig(**{**options, **overrides})
 
 
+def trained_step(trainer, output_dir):
+    """One step of `trainer` (closed after it, also on failure); its metrics, checked for a
+    finite loss, and the step's trajectories as written to `samples.jsonl`."""
+    import math
+
+    from toolgym.agents import load_jsonl
+
+    try:
+        (metrics,) = trainer.train()
+    finally:
+        trainer.close()
+    assert math.isfinite(metrics["loss"]), metrics["loss"]
+    return metrics, load_jsonl(Path(output_dir) / "samples.jsonl")
+
+
 def float64_norms(model: torch.nn.Module) -> None:
     """Make the RMS norms compute in the input's precision: transformers' norms cast to float32
     even in a float64 model, whose rounding (about 1e-7 relative) would otherwise bound the

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from helpers import ids, tiny_grpo_args
+from helpers import ids, tiny_grpo_args, trained_step
 
 from toolgym.agents import AgentLimits, ScriptedEngine, Trajectory
 from toolgym.agents.trajectory import Sample
@@ -102,7 +102,6 @@ async def propose_and_solve(ctx, env):
 
 @pytest.mark.timeout(300)
 def test_a_grpo_step_with_two_roles_gives_each_its_own_baseline(tmp_path):
-    from toolgym.agents import load_jsonl
     from toolgym.algorithms import GRPOTrainer
     from toolgym.testing import tiny_model, tiny_tokenizer
 
@@ -132,12 +131,7 @@ def test_a_grpo_step_with_two_roles_gives_each_its_own_baseline(tmp_path):
         engine=ScriptedEngine(reply),
         rollout_fn=propose_and_solve,
     )
-    try:
-        (metrics,) = trainer.train()
-    finally:
-        trainer.close()
-    assert math.isfinite(metrics["loss"])
-    trajectories = load_jsonl(tmp_path / "samples.jsonl")
+    _, trajectories = trained_step(trainer, tmp_path)
     roles = [[(s.role, s.parent) for s in t.samples] for t in trajectories]
     assert roles == [[("proposer", None), ("solver", 0)]] * 2
     scores = sorted((t.role_rewards["solver"], t.role_rewards["proposer"]) for t in trajectories)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import os
 import re
 import shutil
@@ -17,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import GUESS, assert_token_exact, ids, tiny_grpo_args, wordle_rows
+from helpers import GUESS, assert_token_exact, ids, tiny_grpo_args, trained_step, wordle_rows
 
 import toolgym
 from toolgym.agents import Agent, AgentLimits, ScriptedEngine, SubAgent
@@ -315,7 +314,6 @@ def shopper(tokenizer):
 
 @pytest.mark.timeout(300)
 def test_one_grpo_step_trains_on_user_turns_and_compacted_samples(tmp_path):
-    from toolgym.agents import load_jsonl
     from toolgym.algorithms import GRPOTrainer
     from toolgym.testing import tiny_model
 
@@ -331,12 +329,7 @@ def test_one_grpo_step_trains_on_user_turns_and_compacted_samples(tmp_path):
         tokenizer=tokenizer,
         engine=ScriptedEngine(shopper(tokenizer)),
     )
-    try:
-        (metrics,) = trainer.train()
-    finally:
-        trainer.close()
-    assert math.isfinite(metrics["loss"])
-    trajectories = load_jsonl(tmp_path / "samples.jsonl")
+    _, trajectories = trained_step(trainer, tmp_path)
     assert len(trajectories) == 2
     for trajectory in trajectories:
         assert trajectory.status == "finished", trajectory.error
@@ -460,7 +453,6 @@ def test_a_failing_reset_of_a_row_without_a_prompt_ends_its_episode_not_the_run(
 
 @pytest.mark.timeout(300)
 def test_one_grpo_step_trains_the_helpers_samples_with_the_episode(tmp_path):
-    from toolgym.agents import load_jsonl
     from toolgym.algorithms import GRPOTrainer
     from toolgym.algorithms.batch import training_samples
     from toolgym.testing import tiny_model
@@ -477,12 +469,7 @@ def test_one_grpo_step_trains_the_helpers_samples_with_the_episode(tmp_path):
         engine=ScriptedEngine(caller_and_helper(tokenizer)),
         subagents=[SubAgent(role="helper")],
     )
-    try:
-        (metrics,) = trainer.train()
-    finally:
-        trainer.close()
-    assert math.isfinite(metrics["loss"])
-    trajectories = load_jsonl(tmp_path / "samples.jsonl")
+    _, trajectories = trained_step(trainer, tmp_path)
     assert [[s.role for s in t.samples] for t in trajectories] == [["helper", "policy"]] * 2
     rows = training_samples(trajectories, [0.5, -0.5])
     assert [(r.sample.role, r.advantage) for r in rows] == [

@@ -521,7 +521,9 @@ def test_eval_plays_rollouts_on_vllm_servers_and_in_process(vllm_server, tmp_pat
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     common = ["Wordle-v0", "--model", str(folder), "-n", "2", "--rollouts", "2"]
-    common += ["--max-new-tokens", "40", "--max-turns", "3", "--temperature", "1.0"]
+    # greedy: the tool caller replays its scripted first guess by a clear margin on any machine,
+    # where a sampled episode may or may not call a tool
+    common += ["--max-new-tokens", "40", "--max-turns", "3", "--temperature", "0"]
     for engine, flags in (("server", ["--server", url]), ("vllm", ["--engine", "vllm"])):
         report = tmp_path / f"{engine}.json"
         output = tmp_path / f"{engine}.jsonl"
@@ -534,4 +536,4 @@ def test_eval_plays_rollouts_on_vllm_servers_and_in_process(vllm_server, tmp_pat
         assert (written["rows"], written["rollouts"]) == (2, 2)
         episodes = load_jsonl(output)
         assert len(episodes) == 4 and all(t.status != "engine_error" for t in episodes)
-        assert sum(t.metrics["tool_calls"] for t in episodes) >= 4  # the tool caller plays
+        assert all(t.metrics["tool_calls"] >= 1 for t in episodes)  # the served weights play

@@ -30,7 +30,7 @@ test: lint sandboxes browser
 # CI), those of Docker, vLLM, a GPU, the process sandbox and Ray are left out (`make test` runs
 # everything, as CI does); about 5 minutes on 2 cores
 QUICK_TESTS := -m "not slow and not docker and not vllm and not gpu" -k "not process" \
-	--ignore-glob="tests/test_sandbox*.py" --ignore-glob="tests/test_ray*.py"
+	--ignore=tests/test_sandbox
 quick: lint
 	$(PY) -m pytest $(QUICK_TESTS) $(PYTEST_ARGS)
 

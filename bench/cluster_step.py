@@ -3,7 +3,7 @@
 gloo) sampling from all of them, environments in each trainer process's own process sandboxes,
 one GRPO step of a tiny random model; then the servers' greedy tokens and logprobs for a probe
 prompt compared with each other and with the trainer's policy. The same topology as
-tests/test_cluster_step.py (tests/cluster_topology.py).
+tests/test_algorithms/test_cluster_step.py (tests/cluster_topology.py).
 
 Prints each part's timings (servers' start, the trainers' run, generation, update, the weight
 sync and each server's reload), peak memory, and ends with the line

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import toolgym
-from toolgym.envs.mcp_session import MCPSession
+from toolgym.adapters.mcp_session import MCPSession
 
 SERVER = textwrap.dedent(
     '''

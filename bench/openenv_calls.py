@@ -41,7 +41,7 @@ from mcp_calls import SERVER as MCP_SERVER
 from mcp_calls import add, summary, timed_calls, timed_resets
 
 import toolgym
-from toolgym.envs.mcp_session import require_sdk
+from toolgym.adapters.mcp_session import require_sdk
 
 SERVER = textwrap.dedent(
     '''

@@ -56,8 +56,8 @@ from run_folder import run_folder
 import toolgym
 from toolgym.agents import Agent, AgentLimits, GenerationRequest, HFEngine, SamplingParams
 from toolgym.agents.parsers import ParsedMessage
+from toolgym.builtin_envs.wordle import Wordle
 from toolgym.envs.calls import ToolCall
-from toolgym.envs.wordle import Wordle
 from toolgym.testing import tiny_model, tiny_tokenizer
 
 Interval = tuple[float, float]
@@ -387,7 +387,7 @@ def server_arms(workload: str, episodes: int, repeats: int = 3) -> dict[str, flo
     (round-robin placement). The arms take turns, `repeats` rounds after a warm-up each (the
     median is kept: other work on the machine moves single runs); every measured run starts
     from empty prefix caches, and its hits are counted from the servers' `usage` reports."""
-    from test_server_pool import Servers
+    from vllm_servers import Servers
 
     from toolgym.agents import VLLMServerEngine
 

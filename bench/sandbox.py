@@ -24,7 +24,7 @@ import statistics
 import time
 
 import toolgym
-from toolgym.envs.python_repl import PythonREPL
+from toolgym.builtin_envs.python_repl import PythonREPL
 from toolgym.sandbox import SandboxPool
 from toolgym.sandbox.docker import docker_ready
 

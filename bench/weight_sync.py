@@ -21,8 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from test_server_pool import Servers, greedy_on
 from train_step import PRESETS, build_model
+from vllm_servers import Servers, greedy_on
 
 TRANSFER = ("--weight-transfer-config", '{"backend": "toolgym-gloo"}')
 

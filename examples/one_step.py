@@ -63,7 +63,7 @@ def main() -> None:
     # 4. Play: the model writes a turn, its tool calls run on the environment, their results
     #    are appended as the template's own tokens (mask 0), until the game ends or a limit.
     #    Each episode is a Trajectory: token ids, a loss mask, the engine's logprobs, the
-    #    environment's reward and how it ended. (agents/protocols.py: chat_rollout.)
+    #    environment's reward and how it ended. (agents/rollout_functions.py: chat_rollout.)
     model.eval()
     trajectories = agent.run(envs, rows, seeds)
     for env in envs:

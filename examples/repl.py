@@ -27,7 +27,7 @@ from wordle import apply_budget, fast_bf16, paired_difference, parse_duration
 from toolgym.agents import AgentLimits
 from toolgym.agents.trajectory import load_jsonl
 from toolgym.algorithms import GRPOConfig, GRPOTrainer, SFTConfig, default_cache_dir
-from toolgym.envs.python_lines import python_lines_dataset
+from toolgym.builtin_envs.python_lines import python_lines_dataset
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,7 +11,7 @@ from this machine's measured speed (one timed forward and backward pass over two
 demonstrations): the warm-up and the held-out evaluation shrink together (to at least 64 games
 and 16 paired held-out games, half of them also greedy) when their full sizes would leave GRPO
 less than 60% of the budget, and GRPO gets the time the rest leaves
-(`toolgym.algorithms.budget`). The warm-up is cached, so a second run spends that time on GRPO
+(`toolgym.runtime.budget`). The warm-up is cached, so a second run spends that time on GRPO
 instead.
 
     python examples/wordle.py                      # CPU default (see README for timings)
@@ -47,10 +47,10 @@ from toolgym.algorithms import (
     token_logprobs,
     training_samples,
 )
-from toolgym.algorithms.budget import BudgetPlan, BudgetRequest, Speeds, plan_budget
 from toolgym.algorithms.tracking import plot_rewards
 from toolgym.algorithms.warmup_cache import warmup_key
-from toolgym.envs.wordle import WordleExpert, wordle_dataset, wordle_levels
+from toolgym.builtin_envs.wordle import WordleExpert, wordle_dataset, wordle_levels
+from toolgym.runtime.budget import BudgetPlan, BudgetRequest, Speeds, plan_budget
 
 
 def play_expert(games: int, seed: int) -> None:
@@ -413,7 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=4,
         help="glibc serves allocations of this many MiB or more with their own mappings "
-        "(toolgym.algorithms.heap.map_large_allocations; 0: glibc's moving threshold): with "
+        "(toolgym.runtime.heap.map_large_allocations; 0: glibc's moving threshold): with "
         "it and --kv-cache-tokens the default run peaked at 8.00 GB instead of 9.10, its "
         "update 26%% slower (docs/training.md)",
     )
@@ -543,7 +543,7 @@ def datasets(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[dic
     """The run's rows: GRPO's (2000 from the training split, drawn by --seed), the warm-up's
     demonstrations (--warmup-games from the training split, by --warmup-seed) and the held-out
     evaluation's (--eval-games from the test split, by --seed + 1): no held-out answer is
-    ever a warm-up or GRPO answer (tests/test_wordle_budget.py checks)."""
+    ever a warm-up or GRPO answer (tests/test_runtime/test_wordle_budget.py checks)."""
     spec = toolgym.spec("Wordle-v0")
     evaluation = [dict(r) for r in spec.dataset(args.eval_games, seed=args.seed + 1, split="test")]
     if args.levels:  # the warm-up's games alternate levels, so a shortened warm-up keeps each

@@ -1,4 +1,4 @@
-"""Regenerate toolgym/envs/data/wordle_*.txt from Debian's SCOWL word lists.
+"""Regenerate toolgym/builtin_envs/data/wordle_*.txt from Debian's SCOWL word lists.
 
 Usage: apt-get download wamerican-small wamerican-large && dpkg-deb -x <each>.deb ROOT,
 then `python scripts/make_wordle_lists.py ROOT/usr/share/dict`.
@@ -19,7 +19,8 @@ HEADER = """# {what}
 # the above copyright notice appears in all copies and that both that copyright notice and this
 # permission notice appear in supporting documentation. Kevin Atkinson makes no representations
 # about the suitability of this array for any purpose. It is provided "as is" without express or
-# implied warranty. See toolgym/envs/data/README.md for the full notice and how to regenerate.
+# implied warranty. See toolgym/builtin_envs/data/README.md for the full notice and how to
+# regenerate.
 """
 
 

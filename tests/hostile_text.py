@@ -3,8 +3,8 @@ generation takes (an opening marker repeated with no close, a long list of calls
 many unterminated JSON objects), each grown to a given size.
 
 `HOSTILE` maps a short label to `build(size)`; `hostile_texts(size)` builds them all. Shared by
-`tests/test_parser_hostile.py` (each parser within a time budget) and `bench/parsers.py --hostile`
-(the worst time per parser against a linear baseline).
+`tests/test_agents/test_parser_hostile.py` (each parser within a time budget) and `bench/parsers.py
+--hostile` (the worst time per parser against a linear baseline).
 """
 
 from __future__ import annotations

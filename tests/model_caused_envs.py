@@ -1,5 +1,5 @@
-"""Environments for tests/test_model_caused_errors.py whose own code fails on the model's text
-(imported by sandbox workers too, so they live in a module of their own)."""
+"""Environments for tests/test_envs/test_model_caused_errors.py whose own code fails on the model's
+text (imported by sandbox workers too, so they live in a module of their own)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import toolgym
-from toolgym.envs.python_repl import PythonREPL
+from toolgym.builtin_envs.python_repl import PythonREPL
 
 
 class Unprintable:

@@ -13,11 +13,15 @@ import toolgym
 PACKAGE = Path(__file__).resolve().parent.parent / "toolgym"
 LAYERS = [
     "_exports",  # the lazy-export helper every package surface uses (standard library only)
-    "envs",
+    "http_guard",  # who may talk to a listening server (standard library only)
+    "envs",  # the environment kernel: protocol, tools, stepping
+    "adapters",  # MCP and OpenEnv servers as environments
     "sandbox",
+    "builtin_envs",  # the environments toolgym ships
     "registry",
     "agents",
     "gym",
+    "runtime",  # a training process's budget, stage clock, heap and launcher watch
     "algorithms",
     "trl",  # TRL's names over the trainer (toolgym.trl)
     "testing",
@@ -153,7 +157,8 @@ def test_a_sandbox_worker_imports_no_heavy_library():
 
     heavy = ("numpy", "gymnasium", "torch", "transformers", "pydantic", "datasets", "vllm")
     code = (
-        "import sys, toolgym.sandbox.worker, toolgym.envs.python_repl, toolgym.envs.wordle\n"
+        "import sys, toolgym.sandbox.worker, toolgym.builtin_envs.python_repl\n"
+        "import toolgym.builtin_envs.wordle\n"
         f"print(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r}))"
     )
     loaded = subprocess.run(
@@ -206,11 +211,11 @@ def test_importing_toolgym_starts_no_thread_and_no_exit_handler():
 
 
 def test_the_protocol_s_names_are_environment_s_public_names():
-    """The one table of the protocol (`toolgym.envs.protocol`) names exactly what the
+    """The one table of the protocol (`toolgym.envs.hooks`) names exactly what the
     `Environment` base class defines in public: a hook added to one and not the other fails
     here, not as a tool that silently shadows it."""
     from toolgym.envs.core import Environment
-    from toolgym.envs.protocol import INVOKABLE, RESERVED_NAMES
+    from toolgym.envs.hooks import INVOKABLE, RESERVED_NAMES
     from toolgym.envs.stepping import LocalExecutor
     from toolgym.sandbox.remote import RemoteExecutor
 

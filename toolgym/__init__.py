@@ -21,6 +21,8 @@ from toolgym._exports import lazy_exports as _lazy_exports
 from toolgym._exports import package_version as _package_version
 
 if TYPE_CHECKING:  # the public names: type checkers read them, and lazy_exports too
+    from toolgym.adapters.mcp import mcp
+    from toolgym.adapters.openenv import openenv
     from toolgym.envs.calls import (
         EnvironmentBug,
         EnvironmentFailure,
@@ -35,8 +37,6 @@ if TYPE_CHECKING:  # the public names: type checkers read them, and lazy_exports
     )
     from toolgym.envs.core import Environment
     from toolgym.envs.inline import InlineStep
-    from toolgym.envs.mcp import mcp
-    from toolgym.envs.openenv import openenv
     from toolgym.envs.stepping import Steppable, Stepper, as_environment
     from toolgym.envs.tools import (
         ProtocolClashError,

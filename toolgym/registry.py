@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 ENTRY_POINT_GROUP = "toolgym.envs"
 _ID_PATTERN = re.compile(r"^(?:(?P<namespace>[\w-]+)/)?(?P<name>[\w.-]+?)(?:-v(?P<version>\d+))?$")
 
-LAZY_NAMESPACES = {"reasoning-gym": "toolgym.envs.reasoning_gym:register_tasks"}
+LAZY_NAMESPACES = {"reasoning-gym": "toolgym.builtin_envs.reasoning_gym:register_tasks"}
 """Namespaces of an optional package's tasks, registered while none of their ids is, the first
 time one is asked for or ids are listed (so `import toolgym` does not import the package): the
 hook is called with `register`, and raises ImportError naming the extra when the package is
@@ -318,33 +318,33 @@ def on_register(listener: Callable[[EnvSpec], None]) -> None:
 # The built-in environments.
 register(
     "Wordle-v0",
-    "toolgym.envs.wordle:Wordle",
-    dataset="toolgym.envs.wordle:wordle_dataset",
+    "toolgym.builtin_envs.wordle:Wordle",
+    dataset="toolgym.builtin_envs.wordle:wordle_dataset",
     description="Find a five-letter word in six guesses from colour feedback (guess tool).",
 )
 register(
     "Arithmetic-v0",
-    "toolgym.envs.arithmetic:Arithmetic",
-    dataset="toolgym.envs.arithmetic:arithmetic_dataset",
+    "toolgym.builtin_envs.arithmetic:Arithmetic",
+    dataset="toolgym.builtin_envs.arithmetic:arithmetic_dataset",
     description="Four-digit arithmetic with calculator tools, graded on the final answer.",
 )
 register(
     "GuessNumber-v0",
-    "toolgym.envs.guess_number:GuessNumber",
-    dataset="toolgym.envs.guess_number:guess_number_dataset",
+    "toolgym.builtin_envs.guess_number:GuessNumber",
+    dataset="toolgym.builtin_envs.guess_number:guess_number_dataset",
     description="Find a number in 1..100 from higher/lower answers, in as few guesses as possible.",
 )
 register(
     "PythonREPL-v0",
-    "toolgym.envs.python_repl:PythonREPL",
-    dataset="toolgym.envs.python_repl:python_repl_dataset",
+    "toolgym.builtin_envs.python_repl:PythonREPL",
+    dataset="toolgym.builtin_envs.python_repl:python_repl_dataset",
     description="A stateful Python session (run tool), sandboxed by default.",
     sandbox="auto",
 )
 register(
     "PythonLines-v0",
-    "toolgym.envs.python_lines:PythonLines",
-    dataset="toolgym.envs.python_lines:python_lines_dataset",
+    "toolgym.builtin_envs.python_lines:PythonLines",
+    dataset="toolgym.builtin_envs.python_lines:python_lines_dataset",
     description="Python written line by line, each statement run inline (inline protocol).",
     sandbox="auto",
 )

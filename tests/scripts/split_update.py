@@ -1,6 +1,6 @@
 """A warm-up, then one `Learner.update` of four scripted trajectories split unevenly over the
-processes, then a checkpoint saved and loaded back; run by tests/test_sharding.py in one
-process, and in two under DDP and under FSDP2 (`accelerate launch`, gloo on the CPU).
+processes, then a checkpoint saved and loaded back; run by tests/test_algorithms/test_sharding.py in
+one process, and in two under DDP and under FSDP2 (`accelerate launch`, gloo on the CPU).
 
     split_update.py OUTPUT MODEL_FOLDER [--compile-model]
 
@@ -26,7 +26,7 @@ from toolgym.algorithms import GRPOConfig, SFTConfig
 from toolgym.algorithms.compiled_layers import decoder_layers
 from toolgym.algorithms.learner import Learner
 from toolgym.algorithms.sharding import full_weights
-from toolgym.algorithms.stages import StageClock
+from toolgym.runtime.stages import StageClock
 from toolgym.testing import tiny_tokenizer
 
 ADVANTAGES = [0.8, -0.5, -0.3, 0.6]

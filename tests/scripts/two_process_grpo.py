@@ -1,4 +1,4 @@
-"""GRPO steps on two CPU processes; run by tests/test_distributed.py through
+"""GRPO steps on two CPU processes; run by tests/test_algorithms/test_distributed.py through
 `accelerate launch --num_processes 2 --cpu`. Each process writes what it saw to
 `<output>/rank<N>.json`: its rollouts' rewards, the advantages its last update used, every
 step's logged reward, and a checksum of the weights at the end.

@@ -71,7 +71,7 @@ class EpisodeEnd(Exception):
 class RolloutContext(abc.ABC):
     """What a rollout function gets besides the environment: the prompt, the tools, and
     helpers that keep exact tokens, masks, limits and metrics. The built-in protocols (the
-    chat tool-call loop and the inline protocol, `toolgym.agents.protocols`) use only these.
+    chat tool-call loop and the inline protocol, `toolgym.agents.rollout_functions`) use only these.
 
     The context *is* the episode being played (`toolgym.agents.rollout.Episode`, which
     implements the engine and environment calls under the agent's limits): nothing here

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field, fields
 
+from toolgym.envs.time_limits import TimeLimits
+
 
 @dataclass
 class AgentLimits:
@@ -72,6 +74,12 @@ class AgentLimits:
             "(in the loss)"
         },
     )
+
+    @property
+    def time_limits(self) -> TimeLimits:
+        """The seconds the model's calls into an environment may take, as the stepping layer
+        applies them (`toolgym.envs.time_limits`)."""
+        return TimeLimits(call=self.tool_call_timeout, turn=self.tool_timeout)
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:

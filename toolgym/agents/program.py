@@ -62,6 +62,7 @@ from toolgym.agents.endpoint import Endpoint
 from toolgym.agents.trajectory import Trajectory
 from toolgym.envs.calls import EnvironmentBug, EpisodeFailure, InvalidReward, as_reward
 from toolgym.envs.stepping import failure_status
+from toolgym.envs.time_limits import CallTimedOut, within
 from toolgym.sandbox.remote import SandboxError
 
 Program = Callable[[str, str, dict[str, Any], Any], Awaitable[float | None]]
@@ -96,10 +97,10 @@ def program_rollout(program: Program, timeout: float = 600.0) -> RolloutFn:
         reward = None
         try:
             row = {**ctx.row, "prompt": list(ctx.messages)}  # reset's observation included
-            reward = await asyncio.wait_for(program(endpoint.base_url, key, row, env), timeout)
+            reward = await within(program(endpoint.base_url, key, row, env), timeout, "the program")
             reward = as_reward(reward, "the program")
-        except TimeoutError:
-            failure = EpisodeEnd("tool_timeout", f"the program ran past {timeout:g} s")
+        except CallTimedOut as error:
+            failure = EpisodeEnd("tool_timeout", str(error))
         except InvalidReward as error:  # the program's own code: its bug, not the model's
             failure = EpisodeEnd("env_error", str(error))
         except Exception as error:

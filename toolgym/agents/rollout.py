@@ -32,12 +32,10 @@ from toolgym.agents.engines.base import (
 )
 from toolgym.agents.limits import AgentLimits
 from toolgym.agents.parsers import Parser, get_parser
-from toolgym.agents.protocols import chat_rollout, inline_rollout
+from toolgym.agents.rollout_functions import chat_rollout, inline_rollout
 from toolgym.agents.subagents import SubAgent, join_side_samples
 from toolgym.agents.trajectory import MODEL_FAILURES, Status, Trajectory
 from toolgym.envs.calls import (
-    EpisodeFailure,
-    InfrastructureFailure,
     as_call_list,
     as_episode_metrics,
     run_coroutine,
@@ -49,6 +47,7 @@ from toolgym.envs.stepping import (
     failure_status,
     trl_shaped,
 )
+from toolgym.envs.time_limits import ReadTimedOut, within
 from toolgym.envs.tools import valid_text
 
 if TYPE_CHECKING:
@@ -341,6 +340,8 @@ class Episode(RolloutContext):
         self.prompt = row.pop("prompt", None)
         self._row, self.seed = row, seed
         self.limits = agent.limits
+        self.time_limits = agent.limits.time_limits
+        """The seconds this episode's calls into the environment may take (`within`)."""
         self.metrics = dict.fromkeys(
             (
                 "turns",
@@ -462,11 +463,12 @@ class Episode(RolloutContext):
                 f"{len(calls)} tool calls in one turn; at most "
                 f"{limits.max_tool_calls_per_turn} (AgentLimits.max_tool_calls_per_turn)",
             )
-        work = self.env.astep(
-            calls, call_timeout=limits.tool_call_timeout, turn_timeout=limits.tool_timeout
-        )
+        time_limits = self.time_limits
+        work = self.env.astep(calls, call_timeout=time_limits.call, turn_timeout=time_limits.turn)
         # the environment keeps the limits; this one only stops an event loop held too long
-        backstop = limits.tool_timeout + min(limits.tool_timeout, 5.0)
+        backstop = (
+            None if time_limits.turn is None else time_limits.turn + min(time_limits.turn, 5.0)
+        )
         step = await self._env_call(work, "tool calls", backstop)
         if len(step.results) == len(step.messages):  # each message names its call's failure
             for message, result in zip(step.messages, step.results, strict=True):
@@ -477,22 +479,17 @@ class Episode(RolloutContext):
 
     async def _env_call(self, call: Awaitable[T], what: str, timeout: float | None = None) -> T:
         """One of the model's calls into the environment (its tool calls, its text for
-        `inline_step` or `final_answer`) under the tool timeout, its time counted as tool
-        time. A hang is the model's `tool_timeout` (unless the infrastructure's, an
-        `InfrastructureFailure`); a `ModelFailure` is `tool_crash` (a timeout, `tool_timeout`);
-        any other exception is the environment itself failing, `env_error` (model mistakes
-        never raise out of the environment): `failure_status`, the one rule."""
+        `inline_step`, `user_turn` or `final_answer`) under its time limit (by default one
+        call's, `TimeLimits.one_call`), its time counted as tool time. Whose failure it is,
+        the one rule `failure_status` reads from its type: past the limit the model's
+        `tool_timeout` (`CallTimedOut`); a `ModelFailure` `tool_crash`; an
+        `InfrastructureFailure` or anything else the environment failing, `env_error`
+        (model mistakes never raise out of the environment)."""
         started = time.perf_counter()
-        if timeout is None:  # one call: its own limit and the turn's
-            timeout = min(self.limits.tool_call_timeout, self.limits.tool_timeout)
+        if timeout is None:
+            timeout = self.time_limits.one_call
         try:
-            return await asyncio.wait_for(call, timeout)
-        except TimeoutError as error:
-            if isinstance(error, InfrastructureFailure):  # a lost node, not the model
-                raise EpisodeEnd("env_error", error) from error
-            if isinstance(error, EpisodeFailure):  # the sandbox's own limit on the request
-                raise EpisodeEnd("tool_timeout", error) from error
-            raise EpisodeEnd("tool_timeout", f"{what} took over {timeout:g} s") from error
+            return await within(call, timeout, what)
         except Exception as error:
             raise EpisodeEnd(cast(Status, failure_status(error)), error) from error
         finally:
@@ -530,15 +527,19 @@ class Episode(RolloutContext):
             trajectory.reward = reward
             if trajectory.status in MODEL_FAILURES and self.limits.model_failure_reward is not None:
                 trajectory.reward = self.limits.model_failure_reward
-        except TimeoutError:  # reading the outcome is not the model's doing
+        except ReadTimedOut as error:  # reading the outcome is not the model's doing
             trajectory.reward, trajectory.status = 0.0, "env_error"
-            trajectory.error = f"{what} took over {self.limits.tool_timeout} s"
+            trajectory.error = str(error)
         except Exception as error:
             trajectory.reward, trajectory.status = 0.0, "env_error"
             trajectory.error = f"{what} failed: {error!r}"
 
     async def _read(self, method: Callable[[], Any]) -> Any:
-        return await asyncio.wait_for(asyncio.to_thread(method), self.limits.tool_timeout)
+        """One of the environment's own reads (its reward, its metrics) under the turn's limit."""
+        name = getattr(method, "__name__", "reading the outcome")
+        return await within(
+            asyncio.to_thread(method), self.time_limits.turn, name, model_caused=False
+        )
 
     async def _finish(
         self, trajectory: Trajectory, status: Status, error: BaseException | str | None = None

@@ -16,8 +16,8 @@ from toolgym.algorithms.losses import StepNormalizer, masked_nll, policy_loss, t
 from toolgym.algorithms.rewards import compute_rewards
 from toolgym.algorithms.rloo import RLOOTrainer
 from toolgym.algorithms.sft import demonstrations, warmup_sft
-from toolgym.algorithms.stages import StageClock
 from toolgym.algorithms.warmup_cache import default_cache_dir
+from toolgym.runtime.stages import StageClock
 
 __all__ = [
     "EnvMixture",

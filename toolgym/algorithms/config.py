@@ -35,7 +35,7 @@ class GRPOConfig:
     distributed_timeout: float = 600.0
     """Seconds a process waits in a collective (a gather, a gradient all-reduce) for its
     peers before failing with the lost rank named, instead of hanging (several processes
-    only; a process whose launcher is gone exits at once, `algorithms/launcher_watch.py`)."""
+    only; a process whose launcher is gone exits at once, `runtime/launcher_watch.py`)."""
 
     # -- optimisation -------------------------------------------------------------------------
     learning_rate: float = 1e-6
@@ -111,7 +111,7 @@ class GRPOConfig:
     mmap_threshold: int | None = None
     """Bytes from which every allocation gets its own memory mapping, returned to the system
     when freed (glibc's `M_MMAP_THRESHOLD`, fixed for the process;
-    `toolgym.algorithms.heap.map_large_allocations`): the update's many 4-30 MiB tensors then
+    `toolgym.runtime.heap.map_large_allocations`): the update's many 4-30 MiB tensors then
     stop fragmenting the heap, which roughly halved the update's peak above (7.2 -> 4.1 GB);
     some updates measured up to a quarter slower. None: 4 MiB when training on the CPU where
     glibc is the allocator (CUDA tensors are not glibc's); 0: leave glibc's moving threshold."""

@@ -17,9 +17,9 @@ import torch
 
 from toolgym.agents.engines.base import capabilities
 from toolgym.algorithms.config import GRPOConfig
-from toolgym.algorithms.heap import return_freed_memory
 from toolgym.algorithms.memory_fit import check_fit
 from toolgym.algorithms.weights import policy_state_dict, save_policy
+from toolgym.runtime.heap import return_freed_memory
 
 ENGINES = ("hf", "vllm", "vllm-server")
 """The names `GRPOConfig.engine` takes."""

@@ -27,8 +27,8 @@ from toolgym.agents.engines.logs import engine_logs_to_file, engine_logs_to_term
 from toolgym.agents.images import VisionInputs
 from toolgym.agents.subagents import SubAgent
 from toolgym.agents.trajectory import outcome, save_jsonl, summarize
-from toolgym.algorithms.advantages import group_advantages, trainable
 from toolgym.algorithms.config import GRPOConfig, SFTConfig, check_trackers
+from toolgym.algorithms.credit import assign_credit
 from toolgym.algorithms.curriculum import load_curriculum, save_curriculum
 from toolgym.algorithms.engine_choice import (
     check_pipelining,
@@ -37,16 +37,13 @@ from toolgym.algorithms.engine_choice import (
     sync_weights,
 )
 from toolgym.algorithms.environments import EpisodeFactory, training_environments
-from toolgym.algorithms.heap import threshold_for_training
 from toolgym.algorithms.learner import Learner, load_policy
 from toolgym.algorithms.pipeline import pipelined_steps
 from toolgym.algorithms.policy_versions import PolicyVersions
 from toolgym.algorithms.rewards import (
     RewardFunc,
 )
-from toolgym.algorithms.role_baselines import role_credit
 from toolgym.algorithms.sampler import Rollouts, Sampler, training_agent
-from toolgym.algorithms.stages import StageClock, StepBudget
 from toolgym.algorithms.tracking import (
     MetricsLog,
     Progress,
@@ -55,7 +52,8 @@ from toolgym.algorithms.tracking import (
     plot_rewards,
     step_metrics,
 )
-from toolgym.algorithms.turn_credit import batch_credit
+from toolgym.runtime.heap import threshold_for_training
+from toolgym.runtime.stages import StageClock, StepBudget
 
 Row = dict[str, Any]
 
@@ -242,41 +240,15 @@ class GRPOTrainer:
         versions = self.versions.step_figures(
             trajectories, self.step, rollouts.policy_version, self.learner.gather
         )
-        valid = functools.partial(trainable, mask_truncated=self.args.mask_truncated)
-        everyone = self.learner.gather([(t.reward or 0.0, valid(t)) for t in trajectories])
-        advantages, used = group_advantages(
-            [r for r, _ in everyone],
-            [v for _, v in everyone],
-            self.args.num_generations,
-            baseline=self.args.advantage,
-            scale=self.args.scale_rewards,
-        )
-        credit = None
-        if self.args.credit == "turn":
-            credit = batch_credit(
-                trajectories,
-                everyone,
-                share,
-                self.args.num_generations,
-                self.args.scale_rewards,
-                self.learner.gather,
-            )
-        else:  # several roles in an episode: a baseline per role (None: one role, as ever)
-            credit = role_credit(
-                trajectories,
-                share,
-                advantages,
-                [v for _, v in everyone],
-                self.args.num_generations,
-                self.args.advantage,
-                self.args.scale_rewards,
-                self.learner.gather,
-                step_credit=self.args.step_rewards == "tokens",
-            )
+        credit = assign_credit(trajectories, share, self.args, self.learner.gather)
         update_started = time.perf_counter()
         with self.stages.stage("update"):
             loss_stats = self.learner.update(
-                trajectories, advantages[share], used[share], int(used.sum()), turn_credit=credit
+                trajectories,
+                credit.advantages[share],
+                credit.used[share],
+                int(credit.used.sum()),
+                turn_credit=credit.tokens,
             )
         self.step += 1
         with self.stages.stage("weight sync"):
@@ -284,7 +256,7 @@ class GRPOTrainer:
         outcomes = self.learner.gather([outcome(t) for t in trajectories])
         sources = merged_sources(self.learner.gather([rollouts.sources]))
         logged = self.learner.gather([rollouts.reward_metrics])  # TRL's log_metric values
-        metrics = step_metrics(everyone, outcomes, sources, used, self.args, logged)
+        metrics = step_metrics(credit.everyone, outcomes, sources, credit.used, self.args, logged)
         self._signal.check(self.step, metrics, self.accelerator.is_main_process)
         metrics.update(loss_stats | self._sync_figures | rollouts.figures | versions)
         if (curriculum := self.sampler.curriculum) is not None:  # every process sees the same

@@ -25,8 +25,6 @@ from toolgym.algorithms.checkpoint import load_checkpoint, save_checkpoint, save
 from toolgym.algorithms.compiled_layers import compiled_layers
 from toolgym.algorithms.config import GRPOConfig, SFTConfig
 from toolgym.algorithms.fused_loss import learner_loss, resolve_loss_impl
-from toolgym.algorithms.heap import return_freed_memory
-from toolgym.algorithms.launcher_watch import watch_launcher
 from toolgym.algorithms.losses import (
     StepNormalizer,
     compile_by_default,
@@ -36,8 +34,10 @@ from toolgym.algorithms.optim import adamw
 from toolgym.algorithms.placement import frozen_copy, placement_for
 from toolgym.algorithms.prefix_sharing import share_prefix_by_default
 from toolgym.algorithms.sft import warmup_sft
-from toolgym.algorithms.stages import StageClock
 from toolgym.algorithms.warmup_cache import cached_warmup
+from toolgym.runtime.heap import return_freed_memory
+from toolgym.runtime.launcher_watch import watch_launcher
+from toolgym.runtime.stages import StageClock
 
 
 class Learner:

@@ -8,7 +8,7 @@ own tokens run as a batch that attends to those keys and values (broadcast to ev
 hidden states are the plain pass's (the same function of the same inputs, in another order of
 operations), and the gradient flows back through the shared keys and values into the prefix
 pass, so the loss and its gradient are the plain path's up to rounding
-(`tests/test_prefix_sharing.py` compares them in float64).
+(`tests/test_algorithms/test_prefix_sharing.py` compares them in float64).
 
 Both passes use cache layers that never grow: the prefix pass keeps the first keys and values
 a layer gives it, the rows' pass prepends the prefix's without storing anything, so a layer

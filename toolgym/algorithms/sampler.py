@@ -35,8 +35,8 @@ from toolgym.algorithms.rewards import (
     step_reward_total,
 )
 from toolgym.algorithms.sft import demonstrations
-from toolgym.algorithms.stages import StageClock
 from toolgym.envs.calls import close_all
+from toolgym.runtime.stages import StageClock
 
 Row = dict[str, Any]
 

@@ -15,8 +15,8 @@ over the group, own member included, then summing over the turns i played) has a
 as i has turns, and i's actions choose that number, so the gradient is biased wherever the
 policy decides when to stop (verl #7244). `b[i, t]` reads only the other members, which are
 independent of episode i, so `E[b * grad log pi(a[i, t])] = 0` and the estimator is unbiased
-for episodes of any lengths (`tests/test_turn_credit.py` checks the expectation exactly on a
-small game where the policy controls its length). A turn no other member reached has no
+for episodes of any lengths (`tests/test_algorithms/test_turn_credit.py` checks the expectation
+exactly on a small game where the policy controls its length). A turn no other member reached has no
 baseline (b = 0).
 
 Turns are the runs of sampled tokens (loss mask 1) across an episode's samples, in order: one

@@ -27,7 +27,7 @@ import torch
 from toolgym.agents.models import cache_dir
 from toolgym.agents.trajectory import Trajectory
 from toolgym.algorithms.config import SFTConfig
-from toolgym.algorithms.stages import StageClock
+from toolgym.runtime.stages import StageClock
 
 FORMAT = 1
 

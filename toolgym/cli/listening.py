@@ -4,7 +4,7 @@ and the one message a newcomer past `--max-sessions` gets.
 
 Loopback (127.0.0.1) is the default. Beyond it (`--host 0.0.0.0`, a LAN address) every request
 needs the token: `--token`, else `$TOOLGYM_TOKEN`, else one made at start and printed (on
-stderr, and in the URL a server prints first). See `toolgym.agents.http_guard` for the checks.
+stderr, and in the URL a server prints first). See `toolgym.http_guard` for the checks.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
 
-from toolgym.agents.http_guard import TOKEN_VARIABLE, chosen_token
 from toolgym.cli.errors import CLIError
+from toolgym.http_guard import TOKEN_VARIABLE, chosen_token
 
 IDLE_TIMEOUT = 600.0
 """Seconds a session may stay idle before it is closed (`--session-idle-timeout`)."""

@@ -19,7 +19,7 @@ import contextlib
 import json
 from typing import Any
 
-from toolgym.agents.http_guard import Refusal, send_refusal
+from toolgym.http_guard import Refusal, send_refusal
 
 FREE_ROUTES = frozenset({"/health", "/schema", "/docs", "/redoc", "/openapi.json"})
 """Routes that make no instance."""

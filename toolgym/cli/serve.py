@@ -10,7 +10,7 @@ not have), so the SDK's default client falls back to the initialize handshake by
 it names.
 
 Over HTTP it listens on loopback, refuses foreign Host and Origin headers and non-JSON bodies,
-and needs a token beyond loopback (`toolgym.cli.listening`, `toolgym.agents.http_guard`). At
+and needs a token beyond loopback (`toolgym.cli.listening`, `toolgym.http_guard`). At
 most `--max-sessions` sessions exist: a newcomer past them is refused with an error naming
 the flag, never by closing a live one; a session idle past `--session-idle-timeout` is closed
 with its instance. A class that runs the model's code is served only in a sandbox.
@@ -231,7 +231,7 @@ def serve(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, _interrupt)
         with listening(args.host, args.port) as sock:
             return serve_openenv(args, sock, token)
-    from toolgym.envs.mcp_session import require_sdk
+    from toolgym.adapters.mcp_session import require_sdk
 
     try:
         require_sdk()
@@ -274,7 +274,7 @@ async def _serve_http(
 ) -> None:
     import uvicorn
 
-    from toolgym.agents.http_guard import Guard
+    from toolgym.http_guard import Guard
 
     _handshake_only(server)
     app = server.streamable_http_app(

@@ -39,16 +39,16 @@ import socket
 import weakref
 from typing import Any
 
-from toolgym.agents.http_guard import Guard
 from toolgym.cli.env_spec import ResolvedEnv, resolve_env
 from toolgym.cli.errors import CLIError
 from toolgym.cli.listening import full_message, refuse_unsandboxed, url
 from toolgym.cli.openenv_gate import gated
+from toolgym.http_guard import Guard
 
 
 def serve_openenv(args: Any, sock: socket.socket, token: str | None = None) -> int:
     """Serve `args.env` over OpenEnv on the bound socket `sock` until interrupted."""
-    from toolgym.envs.openenv import require_openenv
+    from toolgym.adapters.openenv import require_openenv
 
     try:
         require_openenv()

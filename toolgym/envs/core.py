@@ -2,7 +2,7 @@
 
 An environment is one episode's worth of state. `reset(**row)` starts an episode from a
 dataset row; every public method is a tool the model may call. The class is plain: defaults
-for the protocol's hooks (`toolgym.envs.protocol`) and a seeded `rng`, nothing more. Stepping
+for the protocol's hooks (`toolgym.envs.hooks`) and a seeded `rng`, nothing more. Stepping
 (argument checks, turns, error messages, seeding at reset) is the `Stepper`'s job
 (`toolgym.envs.stepping`), the one class that steps an `Environment`, a plain class and a
 sandboxed instance alike:

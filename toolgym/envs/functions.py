@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from toolgym.envs.protocol import RESERVED_NAMES
+from toolgym.envs.hooks import RESERVED_NAMES
 from toolgym.envs.tools import FUNCTION_TOOLS, ToolSchemaError
 
 

@@ -18,7 +18,6 @@ import abc
 import asyncio
 import contextlib
 import inspect
-import time
 import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
@@ -29,7 +28,6 @@ from toolgym.envs.calls import (
     Demonstration,
     EnvironmentBug,
     EnvironmentFailure,
-    EpisodeFailure,
     FailureKind,
     MalformedToolCall,
     ModelCausedError,
@@ -48,6 +46,7 @@ from toolgym.envs.episode_state import EpisodeState
 from toolgym.envs.functions import function_tools, is_function_list
 from toolgym.envs.inline import InlineStep, as_inline_step
 from toolgym.envs.seeding import global_random_seeded, warn_if_unseedable
+from toolgym.envs.time_limits import CallTimedOut, TimeLimits, within
 from toolgym.envs.tools import (
     Tool,
     ToolArgumentError,
@@ -65,7 +64,7 @@ class Steppable(Protocol):
     plays. A `Stepper` over any executor is one (an `Environment`, a plain class, a sandboxed
     instance), and so is any object that provides these.
     The hooks an environment may also have (`inline_markers`, `truncated`) are read where
-    present (`toolgym.envs.protocol`)."""
+    present (`toolgym.envs.hooks`)."""
 
     @property
     def tools(self) -> list[dict[str, Any]]:
@@ -616,7 +615,7 @@ class Stepper:
         to finish), its result says why, and the episode ends with `info["ended"]` =
         `tool_timeout`."""
         calls, reward_before, began_over = self._begin_step(tool_calls)
-        deadline = None if turn_timeout is None else time.monotonic() + turn_timeout
+        clock = TimeLimits(call_timeout, turn_timeout).turn_clock()
         results = []
         for call in calls:
             checked = self._check(call)
@@ -624,19 +623,14 @@ class Stepper:
                 results.append(checked)
                 continue
             name = checked[0].name
-            limit, why = _call_limit(call_timeout, turn_timeout, deadline)
+            limit, why = clock.next_call()
             if limit is not None and limit <= 0:  # the turn's time is spent: do not start it
                 results.append(self._failed(checked[0], "tool_timeout", f"{name} {why}"))
                 continue
-            scope = asyncio.timeout(limit)
             try:
-                async with scope:
-                    result = await self.executor.arun(*checked)
-            except TimeoutError as error:
-                if scope.expired() and not isinstance(error, EpisodeFailure):
-                    result = self._failed(checked[0], "tool_timeout", f"{name} {why}")
-                else:
-                    result = self._failed(checked[0], failure_status(error), _describe(error))
+                result = await within(self.executor.arun(*checked), limit, name)
+            except CallTimedOut:
+                result = self._failed(checked[0], "tool_timeout", f"{name} {why}")
             except Exception as error:
                 result = self._failed(checked[0], failure_status(error), _describe(error))
             results.append(self._note_answer(result))
@@ -743,21 +737,6 @@ def checked_call(
             "invalid_arguments",
         )
     return call, arguments
-
-
-def _call_limit(
-    call_timeout: float | None, turn_timeout: float | None, deadline: float | None
-) -> tuple[float | None, str]:
-    """The seconds the next call may take, and what passing them means (for its message)."""
-    left = None if deadline is None else max(0.0, deadline - time.monotonic())
-    if left is not None and (call_timeout is None or left < call_timeout):
-        return (
-            left,
-            f"ran past the turn's time limit: the turn's calls took over {turn_timeout:g} s",
-        )
-    if call_timeout is None:
-        return None, ""
-    return call_timeout, f"took over {call_timeout:g} s, the time limit of one tool call"
 
 
 def _number(reward: float | None) -> float:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, get_type_hints
 
 from toolgym.envs.docstrings import with_plain_args
-from toolgym.envs.protocol import (
+from toolgym.envs.hooks import (
     HOOK_NAMES,
     METHOD_HOOKS,
     RESERVED_NAMES,

@@ -10,7 +10,7 @@ not set up):
   RLIMIT_NPROC does not bind root; with `max_processes > 0` the filter is off and
   RLIMIT_NPROC applies instead (only when not running as root). An environment that declares
   `runs_model_code` gets a session zygote started before the filter, so that it can run the
-  model's code in processes of its own (`toolgym.envs.python_session`), each under the filter;
+  model's code in processes of its own (`toolgym.sandbox.python_session`), each under the filter;
 - an allow-listed environment: PATH, HOME=/tmp, LANG and toolgym's own variables, never the
   host's (no API keys or tokens);
 - an import path the host chose (`toolgym/sandbox/boot.py`): toolgym, the environment's
@@ -55,11 +55,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from toolgym.envs.python_session import OPTIONAL_RULES
 from toolgym.sandbox.cgroups import WorkerGroup, remove_stale
 from toolgym.sandbox.host_user import HostUser, become, sandbox_user, unreachable
 from toolgym.sandbox.identities import Identity, acquire, pool_range
 from toolgym.sandbox.imports import TOOLGYM_SOURCE
+from toolgym.sandbox.python_session import OPTIONAL_RULES
 from toolgym.sandbox.remote import Channel, Isolation, SandboxError
 from toolgym.sandbox.scratch import Scratch
 from toolgym.sandbox.scratch import remove_stale as remove_stale_scratch

@@ -33,8 +33,8 @@ from toolgym.envs.calls import (
     ToolResult,
     as_episode_metrics,
 )
+from toolgym.envs.hooks import HOOK_NAMES, RESERVED_NAMES, TRL_NOT_TOOLS
 from toolgym.envs.inline import InlineStep, as_inline_step
-from toolgym.envs.protocol import HOOK_NAMES, RESERVED_NAMES, TRL_NOT_TOOLS
 from toolgym.envs.stepping import Executor, Stepper
 from toolgym.envs.tools import checked_blocks, tool_table
 from toolgym.sandbox.worker import PROTOCOL_VERSION

@@ -43,15 +43,15 @@ from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from toolgym.envs.calls import ToolCall
-from toolgym.envs.protocol import INVOKABLE
-from toolgym.envs.python_session import (
+from toolgym.envs.hooks import INVOKABLE
+from toolgym.envs.stepping import LocalExecutor
+from toolgym.sandbox.python_session import (
     allow,
     install_filter,
     make_untraceable,
     start_zygote,
     zygote_lost,
 )
-from toolgym.envs.stepping import LocalExecutor
 
 PROTOCOL_VERSION = 2
 MAX_CONTENT_CHARS = 1_000_000
@@ -182,7 +182,7 @@ class Worker:
         return reply | ({"blocks": result.blocks} if result.blocks else {})
 
     def _op_invoke(self, request: dict[str, Any]) -> Any:
-        """A protocol hook (`toolgym.envs.protocol.INVOKABLE`), by its executor method."""
+        """A protocol hook (`toolgym.envs.hooks.INVOKABLE`), by its executor method."""
         name = request["name"]
         if name not in INVOKABLE:
             raise ValueError(f"{name!r} is not a protocol method")
@@ -283,7 +283,7 @@ def main() -> None:
     allow([name for name in os.environ.get("TOOLGYM_SECCOMP_ALLOW", "").split(",") if name])
     no_new_processes = os.environ.get("TOOLGYM_NO_NEW_PROCESSES") == "1"
     if no_new_processes and os.environ.get("TOOLGYM_CODE_SESSIONS") == "1":
-        start_zygote()  # sessions for model code fork from it (envs/python_session.py)
+        start_zygote()  # sessions for model code fork from it (sandbox/python_session.py)
     problem = install_filter(no_new_processes)  # inherited by every session
     hello["filter"] = problem is None
     hello["no_new_processes"] = no_new_processes and problem is None

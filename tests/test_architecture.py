@@ -168,13 +168,23 @@ def test_a_sandbox_worker_imports_no_heavy_library():
 
 
 def test_public_names_are_listed_once_and_all_resolve():
-    """`toolgym` and `toolgym.agents` export exactly the imports of their `TYPE_CHECKING`
-    block (one list, read by type checkers and by the lazy loader), each of which loads."""
+    """Every package with public names exports exactly the imports of its `TYPE_CHECKING`
+    block (one list, read by type checkers and by the lazy loader), each of which loads: one
+    style of package face."""
     import importlib
 
     from toolgym._exports import exported_names
 
-    for package in ("toolgym", "toolgym.agents"):
+    faces = [p for p in PACKAGE.rglob("__init__.py") if "lazy_exports(" in p.read_text()]
+    packages = sorted(module_name(p) for p in faces)
+    assert {"toolgym", "toolgym.agents", "toolgym.algorithms", "toolgym.sandbox"} <= set(packages)
+    eager = [
+        module_name(p)
+        for p in PACKAGE.rglob("__init__.py")
+        if p not in faces and "__all__" in p.read_text() and module_name(p) != "toolgym.cli"
+    ]
+    assert not eager, f"package faces that import eagerly: {eager}"
+    for package in packages:
         module = importlib.import_module(package)
         listed = exported_names(module.__file__)
         assert set(module.__all__) - {"__version__"} == set(listed)

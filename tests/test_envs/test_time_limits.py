@@ -41,10 +41,10 @@ def test_each_call_gets_its_own_limit_until_the_turn_has_less_left():
 
 
 def test_past_its_limit_a_call_is_the_model_s_and_a_read_the_environment_s():
-    with pytest.raises(CallTimedOut, match="sleep took over 0.05 s") as raised:
+    with pytest.raises(CallTimedOut, match=r"sleep took over 0\.05 s") as raised:
         asyncio.run(within(asyncio.sleep(5), 0.05, "sleep"))
     assert isinstance(raised.value, ModelFailure) and failure_status(raised.value) == "tool_timeout"
-    with pytest.raises(ReadTimedOut, match="get_reward took over 0.05 s") as raised:
+    with pytest.raises(ReadTimedOut, match=r"get_reward took over 0\.05 s") as raised:
         asyncio.run(within(asyncio.sleep(5), 0.05, "get_reward", model_caused=False))
     assert isinstance(raised.value, EnvironmentFailure)
     assert failure_status(raised.value) == "env_error"

@@ -7,80 +7,27 @@ Docker container, behind one surface (`RemoteEnvironment`).
     env.isolation      # what the sandbox actually got: network, filesystem, limits, user
 
 This package's `__init__` stays light: the worker (`python -m toolgym.sandbox.worker`) imports
-it inside minimal images. Backends load on first use.
+it inside minimal images. Names load on first use (`toolgym._exports`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from toolgym.envs.stepping import Stepper, as_environment
+from toolgym._exports import lazy_exports
 
-if TYPE_CHECKING:
-    from toolgym.sandbox.remote import Backend
+if TYPE_CHECKING:  # the public names: type checkers read them, and lazy_exports too
+    from toolgym.sandbox.backends import BACKENDS, backend, sandboxed, strongest_backend
+    from toolgym.sandbox.docker import DockerBackend
+    from toolgym.sandbox.pool import SandboxPool
+    from toolgym.sandbox.process import ProcessBackend, ProcessLimits
+    from toolgym.sandbox.ray_backend import RayBackend
+    from toolgym.sandbox.remote import (
+        Isolation,
+        RemoteEnvironment,
+        RemoteError,
+        SandboxError,
+        SandboxTimeout,
+    )
 
-BACKENDS = ("local", "process", "docker", "ray", "auto")
-
-
-def backend(name: str | Backend) -> Backend | None:
-    """The backend called `name` (None for "local"); objects are returned as they are."""
-    if not isinstance(name, str):
-        return name
-    if name == "local":
-        return None
-    if name == "process":
-        from toolgym.sandbox.process import ProcessBackend
-
-        return ProcessBackend()
-    if name == "docker":
-        from toolgym.sandbox.docker import DockerBackend
-
-        return DockerBackend()
-    if name == "ray":  # a Ray actor per instance: RAY_ADDRESS's cluster, else a local Ray
-        from toolgym.sandbox.ray_backend import RayBackend
-
-        return RayBackend()
-    if name == "auto":
-        return strongest_backend()
-    raise ValueError(f"unknown sandbox {name!r}; expected one of {', '.join(BACKENDS)}")
-
-
-def strongest_backend() -> Backend:
-    """Docker when a daemon answers and the sandbox image is built, else the process backend."""
-    from toolgym.sandbox.docker import DockerBackend, docker_ready
-    from toolgym.sandbox.process import ProcessBackend
-
-    return DockerBackend() if docker_ready() else ProcessBackend()
-
-
-def sandboxed(
-    target: type, kwargs: dict[str, Any] | None = None, where: str | Backend = "auto", **options
-) -> Stepper:
-    """An instance of the environment class `target` placed by `where` (see `backend`);
-    `options` go to `RemoteEnvironment` (call_timeout, start_timeout)."""
-    chosen = backend(where)
-    if chosen is None:
-        return as_environment(target(**(kwargs or {})))
-    from toolgym.sandbox.remote import RemoteEnvironment
-
-    return RemoteEnvironment(target, kwargs, backend=chosen, **options)
-
-
-def __getattr__(name: str) -> Any:
-    import importlib
-
-    homes = {
-        "RemoteEnvironment": "remote",
-        "SandboxError": "remote",
-        "SandboxTimeout": "remote",
-        "RemoteError": "remote",
-        "Isolation": "remote",
-        "ProcessBackend": "process",
-        "ProcessLimits": "process",
-        "DockerBackend": "docker",
-        "RayBackend": "ray_backend",
-        "SandboxPool": "pool",
-    }
-    if name not in homes:
-        raise AttributeError(f"module 'toolgym.sandbox' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"toolgym.sandbox.{homes[name]}"), name)
+__all__, __getattr__, __dir__ = lazy_exports(__name__, __file__)

@@ -61,7 +61,7 @@ class SandboxPool:
         start_threads: int = 8,
         max_start_failures: int = 3,
     ) -> None:
-        from toolgym.sandbox import backend as resolve_backend
+        from toolgym.sandbox.backends import backend as resolve_backend
 
         chosen = resolve_backend(backend)
         if chosen is None:

@@ -4,6 +4,13 @@ agent program written against the `openai` client trains as it is. Its parts: th
 with its joining rule (`session`).
 """
 
-from toolgym.agents.endpoint.server import Endpoint
+from __future__ import annotations
 
-__all__ = ["Endpoint"]
+from typing import TYPE_CHECKING
+
+from toolgym._exports import lazy_exports
+
+if TYPE_CHECKING:  # the public names: type checkers read them, and lazy_exports too
+    from toolgym.agents.endpoint.server import Endpoint
+
+__all__, __getattr__, __dir__ = lazy_exports(__name__, __file__)

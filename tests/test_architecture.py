@@ -21,6 +21,7 @@ LAYERS = [
     "registry",
     "agents",
     "gym",
+    "judges",  # rewards a judge model gives
     "runtime",  # a training process's budget, stage clock, heap and launcher watch
     "algorithms",
     "trl",  # TRL's names over the trainer (toolgym.trl)

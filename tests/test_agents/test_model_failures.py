@@ -71,7 +71,7 @@ def in_the_loss(trajectories: list[Trajectory]) -> list[bool]:
 
 def test_the_statuses_are_split_between_the_model_and_the_infrastructure():
     assert {"tool_timeout", "tool_crash", "too_many_calls"} == MODEL_FAILURES
-    assert {"env_error", "engine_error"} == INFRASTRUCTURE_FAILURES
+    assert {"env_error", "engine_error", "judge_error"} == INFRASTRUCTURE_FAILURES
     assert set(STATUSES) >= MODEL_FAILURES | INFRASTRUCTURE_FAILURES
     assert not Trajectory(status="tool_crash").failed
     assert Trajectory(status="engine_error").failed

@@ -778,6 +778,42 @@ def test_a_tool_results_images_are_shown_raster_only(browser, tmp_path):
     assert not js(browser, "window.__xss || 0") and not browser.errors
 
 
+@needs_browser
+def test_a_judges_chat_and_answer_are_shown_as_text(browser, tmp_path):
+    """Each judge call kept with an episode (`Trajectory.judgements`) is shown folded: who
+    judged, the score or the failure, then the chat and the answer, never as HTML."""
+    xss = '<img src=x onerror="window.__xss=1">'
+    trajectory = Trajectory([Sample([1, 2, 3], [4, 5], [1, 1], [-0.5, -0.5])])
+    trajectory.messages = [{"role": "user", "content": "define it"}]
+    trajectory.judgements = [
+        {
+            "judge": "meaning",
+            "model": "self",
+            "mode": "pointwise",
+            "messages": [{"role": "user", "content": f"grade this {xss}"}],
+            "answer": f"meaning: 8 {xss}",
+            "score": 0.8,
+            "scores": {"meaning": 8.0},
+            "seconds": 0.5,
+            "cached": False,
+        },
+        {"judge": "meaning", "model": "self", "messages": [], "answer": "", "error": xss},
+    ]
+    path = tmp_path / "samples.jsonl"
+    save_jsonl([trajectory], path)
+    with start(path) as viewer:
+        browser.goto(viewer.url, ready=READY)
+        open_view(browser, "#episode=samples.jsonl:0", "episode=samples.jsonl:0")
+        shown = js(
+            browser,
+            "[...document.querySelectorAll('[data-fact=judgement]')].map(e => e.textContent)",
+        )
+    assert len(shown) == 2
+    assert "meaning · self: score 0.8 (meaning 8)" in shown[0] and f"grade this {xss}" in shown[0]
+    assert f"meaning: 8 {xss}" in shown[0] and xss in shown[1]
+    assert not js(browser, "window.__xss || 0") and not browser.errors
+
+
 # -- hostile text, huge curves, a slow tokenizer ---------------------------------------------------
 HOSTILE = '<img src=x onerror="window.__xss=1"> <script>window.__xss=1</script>'
 LOGGED_STEPS = 150_000  # past what Math.min(...values) can spread

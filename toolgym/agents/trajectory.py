@@ -21,6 +21,7 @@ Status = Literal[
     "too_many_calls",  # one turn asked for more tool calls than max_tool_calls_per_turn
     "env_error",  # reset(), the reward, or the environment itself failed (not the model)
     "engine_error",  # the generation engine failed
+    "judge_error",  # a judge model could not score the episode (toolgym.judges)
 ]
 """How an episode ended.
 
@@ -45,10 +46,11 @@ particular (issue 32 item 5):
 Only failures the model cannot cause are `INFRASTRUCTURE_FAILURES`, left out of baselines and
 the loss (and counted): `env_error` (reset() failing, a worker that never started, a lost
 node or Ray actor, the reward or the episode metrics unreadable, the environment's own code
-raising outside a tool call) and `engine_error`.
+raising outside a tool call), `engine_error` and `judge_error` (a judge model that timed out,
+failed or answered without the scores asked for: `toolgym.judges`).
 """
 STATUSES: tuple[str, ...] = Status.__args__  # type: ignore[attr-defined]
-INFRASTRUCTURE_FAILURES = frozenset({"env_error", "engine_error"})
+INFRASTRUCTURE_FAILURES = frozenset({"env_error", "engine_error", "judge_error"})
 """Statuses no policy can cause: excluded from baselines and the loss (`Trajectory.failed`)."""
 MODEL_FAILURES = frozenset({"tool_timeout", "tool_crash", "too_many_calls"})
 """Failures the model's calls caused: in the loss, with the environment's reward."""
@@ -143,6 +145,9 @@ class Trajectory:
             (`Environment.episode_metrics`, e.g. Wordle's `valid_guesses`), read when it ended.
         extras: Values reward functions logged for this episode with TRL's `log_extra(column,
             values)`, by column.
+        judgements: Each judge call that scored this episode (`toolgym.judges.Judge`): the
+            judge, its model, the chat it was asked, its answer, the score (and each
+            criterion's) or the error, seconds, and whether the answer was cached.
         role_rewards: Each role's own reward, where an episode's samples play several roles
             scored apart (two players, a proposer and a solver; set by a rollout function);
             a role without one gets `reward`. Training gives each role a baseline of its own
@@ -163,6 +168,7 @@ class Trajectory:
     env_metrics: dict[str, float] = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
     role_rewards: dict[str, float] = field(default_factory=dict)
+    judgements: list[dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.samples or not all(isinstance(s, Sample) for s in self.samples):

@@ -197,7 +197,7 @@ const PALETTE = ["#0b62c4", "#d4761c", "#1a7f37", "#8250df", "#cf222e", "#0a8a8a
 const STATUS_COLOURS = {
   env_done: "#1a7f37", finished: "#0b62c4", max_turns: "#d4761c", length: "#9a6700",
   tool_timeout: "#cf222e", tool_crash: "#a40e26", too_many_calls: "#bc4c00",
-  env_error: "#8250df", engine_error: "#6e7781",
+  env_error: "#8250df", engine_error: "#6e7781", judge_error: "#57606a",
 };
 
 async function loadMetrics() {
@@ -555,10 +555,30 @@ function facts(summary, episode) {
       parts.push(el("div", { class: "wide", dataset: { fact: name } }, [el("b", { text: name }), el("span", { text })]));
     }
   }
+  for (const judgement of episode.judgements || []) parts.push(judgementFact(judgement));
   if (episode.row && Object.keys(episode.row).length) {
     parts.push(el("div", { class: "wide", dataset: { fact: "row" } }, [el("b", { text: "row" }), el("pre", { text: compactJson(episode.row) })]));
   }
   return parts;
+}
+
+// One judge call that scored this episode: the score (or the judge's failure), then the chat it
+// was asked and its answer, folded.
+function judgementFact(judgement) {
+  const outcome = judgement.error ? judgement.error : `score ${fmt(judgement.score)}`;
+  const parts = judgement.scores ? ` (${Object.entries(judgement.scores).map(([k, v]) => `${k} ${fmt(v)}`).join(" · ")})` : "";
+  const where = judgement.position ? `, episode ${judgement.position} of its group` : "";
+  const cached = judgement.cached ? ", cached" : "";
+  const title = `${judgement.judge} · ${judgement.model}: ${outcome}${parts}${where}${cached}, ${fmt(judgement.seconds)} s`;
+  const chat = (judgement.messages || []).map((m) => `[${m.role}]\n${m.content}`).join("\n\n");
+  return el("div", { class: "wide", dataset: { fact: "judgement" } }, [
+    el("b", { text: "judge" }),
+    el("details", { class: "judgement" }, [
+      el("summary", { text: title }),
+      el("pre", { text: chat }),
+      el("pre", { text: `[judge's answer]\n${judgement.answer || ""}` }),
+    ]),
+  ]);
 }
 
 function compactJson(value) {

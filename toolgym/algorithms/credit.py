@@ -62,6 +62,7 @@ def assign_credit(
         baseline=args.advantage,
         scale=args.scale_rewards,
     )
+    tokens: TokenCredit | None
     if args.credit == "turn":
         tokens = batch_credit(
             trajectories, everyone, share, args.num_generations, args.scale_rewards, gather

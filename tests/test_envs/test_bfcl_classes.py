@@ -13,20 +13,17 @@ from __future__ import annotations
 import ast
 import copy
 import importlib
-import inspect
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from bfcl_site import bfcl_on_path
+from bfcl_site import named_call as bfcl_named_call
 
 import toolgym
 from toolgym import ToolCall
 
-SITE = Path(__file__).resolve().parents[2] / ".bench" / "site"
-BFCL_VERSION = "2026.3.23"  # scripts/setup.sh installs the same
 CLASSES = (
     "GorillaFileSystem",
     "MathAPI",
@@ -41,22 +38,15 @@ CLASSES = (
 
 @pytest.fixture(scope="module")
 def bfcl():
-    """bfcl_eval from `.bench/site` (installed there first if the set-up has not)."""
-    if not (SITE / "bfcl_eval").is_dir():
-        command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps"]
-        subprocess.run([*command, "--target", str(SITE), f"bfcl-eval=={BFCL_VERSION}"], check=True)
-    sys.path.insert(0, str(SITE))
-    try:
-        import bfcl_eval
+    """bfcl_eval's folder and its 8 multi-turn classes."""
+    with bfcl_on_path() as root:
         from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
 
         classes = {
             name: getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[name]), name)
             for name in CLASSES
         }
-        yield Path(bfcl_eval.__file__).parent, classes
-    finally:
-        sys.path.remove(str(SITE))
+        yield root, classes
 
 
 def load_scenario(instance: Any, initial_config: dict, **row: Any) -> None:
@@ -125,15 +115,9 @@ def test_ground_truth_calls_replay_to_bfcls_values_and_state(bfcl):
 
 
 def named_call(text: str, tools: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """A ground-truth call as BFCL writes it (`sort('a.pdf')`, `cd(folder='x')`) -> the tool's
-    name and its arguments by name, as a model sends them."""
-    call = ast.parse(text, mode="eval").body
-    assert isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
-    name = call.func.id
-    args = [ast.literal_eval(arg) for arg in call.args]
-    kwargs = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg}
-    method = getattr(tools[name].unwrapped, name)
-    return name, dict(inspect.signature(method).bind(*args, **kwargs).arguments)
+    """A ground-truth call -> the tool's name and its arguments by name (`bfcl_site`)."""
+    name = text.split("(", 1)[0].strip()
+    return bfcl_named_call(text, getattr(tools[name].unwrapped, name))
 
 
 def same_value(mine: str, theirs: str) -> bool:

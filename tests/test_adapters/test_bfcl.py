@@ -1,0 +1,125 @@
+"""BFCL's multi-turn cases as episodes (issue 47 item 4, the base category): tools from the
+case's classes, the user's turns through `user_turn`, the reward from BFCL's own
+`multi_turn_checker`. The 200 base cases' ground truth, played through toolgym, scores what
+BFCL scores it; a case left short scores 0 with BFCL's reason; a scripted policy plays cases
+through the agent's loop; and the calls handed to BFCL's checker (which `eval`s them) are
+literals whatever the model's arguments hold."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from bfcl_site import bfcl_on_path, named_call
+from helpers import ids
+
+import toolgym
+from toolgym import ToolCall
+from toolgym.agents import Agent, AgentLimits, ScriptedEngine
+from toolgym.testing import tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def rows():
+    with bfcl_on_path():
+        from toolgym.adapters.bfcl import bfcl_rows
+
+        yield bfcl_rows("multi_turn_base")
+
+
+def play_ground_truth(row: dict, turns: int | None = None):
+    """The case's ground-truth calls through toolgym's stepping layer, turn by turn (the user
+    answered after each); the environment, its stepper and the reward."""
+    from toolgym.adapters.bfcl import bfcl_environment
+
+    env = bfcl_environment(row)
+    stepper = toolgym.as_environment(env)
+    first = stepper.reset(**row)
+    assert first == "\n\n".join(m["content"] for m in row["question"][0])
+    for index, calls in enumerate(row["ground_truth"][:turns]):
+        for text in calls:
+            name, arguments = named_call(text, getattr(env, text.split("(")[0]))
+            stepper.step(ToolCall(name, arguments))
+        following = stepper.user_turn("Done.")
+        if index + 1 < len(row["ground_truth"]):
+            assert following == row["question"][index + 1][0]["content"]
+        else:
+            assert following is None
+    return env, stepper, stepper.get_reward()
+
+
+def test_the_ground_truth_of_every_base_case_scores_as_bfcl_scores_it(rows):
+    assert len(rows) == 200
+    with bfcl_on_path():
+        rewards = [play_ground_truth(row)[2] for row in rows]
+    assert rewards == [1.0] * 200  # BFCL's checker finds its own ground truth valid
+
+
+def test_a_case_left_short_scores_zero_with_bfcl_s_reason(rows):
+    row = next(r for r in rows if len(r["ground_truth"]) >= 3)
+    with bfcl_on_path():
+        env, stepper, reward = play_ground_truth(row, turns=1)
+    assert reward == 0.0 and env.check["error_type"].startswith("multi_turn:")
+    assert stepper.episode_metrics()["turns_reached"] == 2  # the user moved on once
+
+
+def test_the_tools_are_the_case_s_classes_methods_less_its_excluded_ones(rows):
+    with bfcl_on_path():
+        from toolgym.adapters.bfcl import bfcl_environment
+
+        row = next(r for r in rows if r["excluded_function"])
+        names = {t["function"]["name"] for t in toolgym.as_environment(bfcl_environment(row)).tools}
+    assert names and not names & set(row["excluded_function"])
+    assert "_load_scenario" not in names and "reset" not in names
+
+
+def test_a_scripted_policy_plays_cases_through_the_agent_s_loop(rows):
+    """Each turn: one reply with the turn's ground-truth calls (hermes), then an answer; the
+    user's next turn follows, until the last. BFCL's checker scores the episode 1.0."""
+    tokenizer = tiny_tokenizer()
+    with bfcl_on_path():
+        from toolgym.adapters.bfcl import bfcl_environment
+
+        for row in rows[:3]:
+            env = bfcl_environment(row)
+            replies = []
+            for calls in row["ground_truth"]:
+                blocks = ""
+                for text in calls:
+                    name, arguments = named_call(text, getattr(env, text.split("(")[0]))
+                    call = {"name": name, "arguments": arguments}
+                    blocks += f"<tool_call>\n{json.dumps(call)}\n</tool_call>\n"
+                replies += [blocks + "<|im_end|>", "Done.<|im_end|>"]
+            engine = ScriptedEngine([ids(tokenizer, r) for r in replies], context_length=1 << 20)
+            limits = AgentLimits(
+                max_turns=2 * len(replies),
+                max_tool_calls_per_turn=32,
+                max_new_tokens=4096,
+                max_episode_tokens=1 << 20,
+            )
+            agent = Agent(engine, tokenizer, parser="hermes", limits=limits)
+            (trajectory,) = agent.run([toolgym.as_environment(env)], [row])
+            assert trajectory.reward == 1.0, (row["id"], env.check, trajectory.error)
+            users = [m for m in trajectory.messages if m["role"] == "user"]
+            assert len(users) == len(row["question"])
+
+
+def test_the_checker_is_handed_literals_whatever_the_arguments_hold(rows, tmp_path):
+    """BFCL's checker `eval`s each call's text: the text is written from the arguments' values
+    (`repr`), so code in an argument stays a string."""
+    canary = tmp_path / "pwned"
+    code = f"__import__('os').system('touch {canary}')"
+    hostile = ["x') or " + code + " or ('", code, "\\'); " + code + "#"]
+    with bfcl_on_path():
+        from toolgym.adapters.bfcl import bfcl_environment
+
+        row = next(r for r in rows if "GorillaFileSystem" in r["involved_classes"])
+        env = bfcl_environment(row)
+        stepper = toolgym.as_environment(env)
+        stepper.reset(**row)
+        for value in hostile:
+            stepper.step(ToolCall("cd", {"folder": value}))
+        assert stepper.get_reward() == 0.0
+    recorded = [step[0] for step in env.calls[0]]
+    assert recorded == [f"cd(folder={value!r})" for value in hostile]
+    assert not canary.exists()

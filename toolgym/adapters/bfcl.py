@@ -1,0 +1,203 @@
+"""BFCL's multi-turn test cases as episodes, graded by BFCL's own checker.
+
+The Berkeley Function Calling Leaderboard (PyPI `bfcl-eval`) ships its multi-turn worlds as
+plain Python classes whose methods are the tools (a file system, a trading bot, a travel
+API, ...). A test case names the classes it involves, their initial state, the user's turns
+and the ground truth's calls per turn. Here each case is one episode:
+
+    rows = bfcl_rows("multi_turn_base")              # 200 rows from the installed package
+    envs = [bfcl_environment(row) for row in rows]   # or pass `bfcl_environment` as a factory
+    agent.run(envs, rows)
+
+- **Tools**: the public methods of the case's classes (their BFCL docstrings give the
+  schemas; arguments reach them as sent, as BFCL passes them), less the case's
+  `excluded_function`s; each class's state is loaded as BFCL loads it
+  (`_load_scenario` of its part of `initial_config`).
+- **User turns**: the episode starts with the first turn's message; each answer without a
+  tool call hands the model the next turn (`Environment.user_turn`), until the last.
+- **Reward**: 1.0 where BFCL's `multi_turn_checker` finds the episode valid (after each turn
+  the state of every instance, and the calls' results, as the ground truth's), else 0.0, the
+  checker's error type kept in `check`. The checker re-executes the episode's calls itself, as
+  BFCL does with a model's decoded answer: each call the tools ran is handed to it as the text
+  `name(arg=value, ...)` written by this module from the call's arguments (`repr` of JSON
+  values: literals only), never text the model wrote.
+
+bfcl-eval pins many packages its tool classes do not use: `pip install --no-deps bfcl-eval
+mpmath` gives what this module needs (toolgym's own set-up installs it into `.bench/site`).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+from toolgym.envs.core import Environment
+
+CATEGORIES = ("multi_turn_base",)
+"""The categories whose cases play as written (the others hold functions or parameters back
+from some turns, which these episodes do not stage yet)."""
+
+
+def bfcl_package() -> Any:
+    """The installed `bfcl_eval` (a clear error naming how to install it)."""
+    try:
+        return importlib.import_module("bfcl_eval")
+    except ImportError as error:
+        raise ImportError(
+            "BFCL's cases need the bfcl-eval package: pip install --no-deps bfcl-eval mpmath"
+        ) from error
+
+
+def bfcl_rows(category: str = "multi_turn_base", n: int | None = None) -> list[dict[str, Any]]:
+    """The category's test cases as rows (`id`, `question`, `initial_config`,
+    `involved_classes`, `excluded_function`, `ground_truth`, and an empty `prompt`: the
+    episode's first message is the first user turn), read from the installed package."""
+    if category not in CATEGORIES:
+        raise ValueError(f"BFCL category {category!r}: one of {', '.join(CATEGORIES)}")
+    data = Path(bfcl_package().__file__).parent / "data"
+    cases = _jsonl(data / f"BFCL_v4_{category}.json")
+    truth = {
+        row["id"]: row["ground_truth"]
+        for row in _jsonl(data / "possible_answer" / f"BFCL_v4_{category}.json")
+    }
+    rows = [{**case, "prompt": [], "ground_truth": truth[case["id"]]} for case in cases]
+    return rows[:n] if n is not None else rows
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class BFCLCase(Environment):
+    """One BFCL multi-turn test case (see the module docstring); `bfcl_environment` makes the
+    subclass whose tools are the case's classes' methods."""
+
+    classes: tuple[str, ...] = ()
+    """The BFCL classes whose methods this subclass offers as tools."""
+    strict_arguments = True
+    """Arguments reach the methods as the call holds them, as BFCL's own executor passes
+    them (its ground truth sends `ticket_id='ticket_001'` where the hint says `int`)."""
+
+    def reset(
+        self,
+        id: str = "",
+        question: list[list[dict[str, str]]] | None = None,
+        initial_config: dict[str, Any] | None = None,
+        ground_truth: list[list[str]] | None = None,
+        **row: Any,
+    ) -> str:
+        from bfcl_eval.constants.executable_backend_config import (
+            CLASS_FILE_PATH_MAPPING,
+            STATELESS_CLASSES,
+        )
+
+        self.case = {
+            "id": id,
+            "initial_config": initial_config or {},
+            "involved_classes": list(self.classes),
+        }
+        self.turns = question or []
+        self.truth = ground_truth or []
+        if not self.turns or len(self.turns) != len(self.truth):
+            raise ValueError(f"BFCL case {id!r}: its questions and ground truth do not pair")
+        self.instances: dict[str, Any] = {}
+        for name in self.classes:
+            instance = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[name]), name)()
+            if name not in STATELESS_CLASSES:
+                state = json.loads(json.dumps((initial_config or {}).get(name, {})))
+                instance._load_scenario(state, long_context=False)
+            self.instances[name] = instance
+        self.turn = 0
+        self.calls: list[list[list[str]]] = [[] for _ in self.turns]
+        """Per user turn, the calls the tools ran (one step each), as BFCL's checker reads them."""
+        self.check: dict[str, Any] | None = None
+        """BFCL's latest verdict (its error type where invalid)."""
+        self.finished, self._final = False, False
+        return _user_text(self.turns[0])
+
+    def user_turn(self, answer: str) -> str | None:
+        if self.turn + 1 >= len(self.turns):
+            self.finished = True
+            return None
+        self.turn += 1
+        return _user_text(self.turns[self.turn])
+
+    def get_reward(self) -> float:
+        """1.0 where BFCL's checker finds the calls so far valid (`check` keeps its verdict);
+        once the last turn is answered the verdict is final and read once."""
+        if self.check is None or not self._final:
+            self.check = _checked(self.calls, self.truth, self.case)
+            self._final = self.finished
+        return 1.0 if self.check["valid"] else 0.0
+
+    def episode_metrics(self) -> dict[str, float]:
+        return {
+            "turns_reached": float(self.turn + 1),
+            "turns": float(len(self.turns)),
+            "calls": float(sum(len(steps) for steps in self.calls)),
+        }
+
+    def _record(self, name: str, arguments: dict[str, Any]) -> None:
+        text = ", ".join(f"{key}={value!r}" for key, value in arguments.items())
+        self.calls[self.turn].append([f"{name}({text})"])
+
+
+def _user_text(turn: list[dict[str, str]]) -> str:
+    return "\n\n".join(str(message.get("content", "")) for message in turn)
+
+
+def _checked(
+    calls: list[list[list[str]]], truth: list[list[str]], case: dict[str, Any]
+) -> dict[str, Any]:
+    """BFCL's `multi_turn_checker` on the episode's calls; the instances it keeps in its
+    module's globals for the check are removed after."""
+    from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
+    from bfcl_eval.eval_checker.multi_turn_eval.multi_turn_checker import multi_turn_checker
+
+    model = f"toolgym_{uuid.uuid4().hex}"
+    try:
+        result = multi_turn_checker(calls, truth, case, "multi_turn_base", model)
+    finally:
+        for key in [k for k in vars(multi_turn_utils) if k.startswith(model)]:
+            delattr(multi_turn_utils, key)
+    return {k: v for k, v in result.items() if k in ("valid", "error_type", "error_message")}
+
+
+@functools.cache
+def bfcl_case_class(classes: tuple[str, ...], excluded: tuple[str, ...] = ()) -> type[BFCLCase]:
+    """The `BFCLCase` subclass whose tools are the public methods of `classes` (BFCL's
+    names), less `excluded`."""
+    from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
+
+    tools: dict[str, Any] = {}
+    for name in classes:
+        cls = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[name]), name)
+        for method, function in inspect.getmembers(cls, inspect.isfunction):
+            if not method.startswith("_") and method not in excluded:
+                tools[method] = _tool(name, method, function)
+    title = "BFCL_" + "_".join(classes)
+    return type(title, (BFCLCase,), {"classes": classes, **tools, "__module__": __name__})
+
+
+def _tool(owner: str, method: str, function: Any) -> Any:
+    """A tool that runs `owner`'s `method` on the episode's instance and records the call."""
+
+    @functools.wraps(function)
+    def tool(self: BFCLCase, *args: Any, **kwargs: Any) -> Any:
+        bound = inspect.signature(function).bind(self.instances[owner], *args, **kwargs)
+        arguments = {k: v for k, v in bound.arguments.items() if k != "self"}
+        self._record(method, arguments)
+        return function(self.instances[owner], *args, **kwargs)
+
+    return tool
+
+
+def bfcl_environment(row: dict[str, Any], seed: int | None = None) -> BFCLCase:
+    """An episode's environment for a `bfcl_rows` row (an `EpisodeFactory`)."""
+    cls = bfcl_case_class(tuple(row["involved_classes"]), tuple(row.get("excluded_function") or ()))
+    return cls()

@@ -175,6 +175,8 @@ def _prompt_text(prompt: Any) -> str:
 
 
 def _register_gymnasium_id(env_spec: EnvSpec) -> None:
+    if env_spec.per_row:  # its tools depend on the row, which gymnasium's make does not have
+        return
     gym_id = env_spec.gymnasium_id
     gymnasium.registry.pop(gym_id, None)  # re-registration replaces, like toolgym's own
     gymnasium.register(

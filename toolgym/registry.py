@@ -34,7 +34,10 @@ if TYPE_CHECKING:
 ENTRY_POINT_GROUP = "toolgym.envs"
 _ID_PATTERN = re.compile(r"^(?:(?P<namespace>[\w-]+)/)?(?P<name>[\w.-]+?)(?:-v(?P<version>\d+))?$")
 
-LAZY_NAMESPACES = {"reasoning-gym": "toolgym.builtin_envs.reasoning_gym:register_tasks"}
+LAZY_NAMESPACES = {
+    "reasoning-gym": "toolgym.builtin_envs.reasoning_gym:register_tasks",
+    "bfcl": "toolgym.adapters.bfcl:register_categories",
+}
 """Namespaces of an optional package's tasks, registered while none of their ids is, the first
 time one is asked for or ids are listed (so `import toolgym` does not import the package): the
 hook is called with `register`, and raises ImportError naming the extra when the package is
@@ -64,6 +67,9 @@ class EnvSpec:
         description: One line shown by `toolgym envs`.
         sandbox: Where `make` puts an instance unless told otherwise: "local" (in this
             process), "process", "docker", or "auto" (the strongest available).
+        per_row: The entry point builds each episode's environment from its row,
+            `entry_point(row, seed, **kwargs)` (its tools depend on the row, as a BFCL case's
+            do): `make_for(row)` builds one, `make()` refuses.
     """
 
     id: str
@@ -72,6 +78,7 @@ class EnvSpec:
     dataset_builder: DatasetBuilder | str | None = None
     description: str | None = None
     sandbox: str = "local"
+    per_row: bool = False
 
     @property
     def namespace(self) -> str | None:
@@ -96,6 +103,11 @@ class EnvSpec:
     def make(self, sandbox: Any = None, **overrides: Any) -> Stepper:
         """A fresh instance with the spec's defaults updated by `overrides`, placed in
         `sandbox` (a backend name or object; default: the spec's `sandbox`)."""
+        if self.per_row:
+            raise TypeError(
+                f"{self.id} builds each episode's environment from its row: "
+                f"toolgym.spec({self.id!r}).make_for(row)"
+            )
         factory = _resolve(self.entry_point, what=f"entry point of {self.id}")
         kwargs = {**self.kwargs, **overrides}
         where = self.sandbox if sandbox is None else sandbox
@@ -107,6 +119,14 @@ class EnvSpec:
                 f"by module and name); {factory!r} is not a class"
             )
         return sandboxed(factory, kwargs, where)
+
+    def make_for(self, row: dict[str, Any], seed: int | None = None, **overrides: Any) -> Stepper:
+        """The environment of the episode that plays `row` (any registered entry: one built
+        per row, or the same for every row), in this process."""
+        if not self.per_row:
+            return self.make(**overrides)
+        factory = _resolve(self.entry_point, what=f"entry point of {self.id}")
+        return as_environment(factory(row, seed, **{**self.kwargs, **overrides}))
 
     def dataset(self, n: int, seed: int = 0, **kwargs: Any) -> datasets.Dataset:
         """`n` prompt rows (columns: `prompt` and the `reset` arguments), reproducible by seed."""
@@ -145,6 +165,7 @@ def register(
     dataset: DatasetBuilder | str | None = None,
     description: str | None = None,
     sandbox: str = "local",
+    per_row: bool = False,
     **defaults: Any,
 ) -> EnvSpec:
     """Register an environment under `id`; `defaults` are its constructor arguments.
@@ -156,14 +177,18 @@ def register(
         dataset: A prompt dataset builder `f(n, seed, **kwargs)`, or `"module:attr"`.
         description: One line shown by `toolgym envs`.
         sandbox: Default placement of instances ("local", "process", "docker", "auto").
+        per_row: `entry_point(row, seed, **defaults)` builds each episode's environment from
+            its row (see `EnvSpec.per_row`); only in this process.
         **defaults: Constructor arguments used by `make(id)` unless overridden.
     """
     parse_env_id(id)
+    if per_row and sandbox != "local":
+        raise ValueError(f"{id}: an environment built per row is placed in this process only")
     if isinstance(entry_point, type):
         tool_table(entry_point)  # a method that cannot be a tool fails here, naming it
     if id in _registry:
         warnings.warn(f"Overriding environment {id!r} already in the registry.", stacklevel=2)
-    spec = EnvSpec(id, entry_point, dict(defaults), dataset, description, sandbox)
+    spec = EnvSpec(id, entry_point, dict(defaults), dataset, description, sandbox, per_row)
     _registry[id] = spec
     for listener in _listeners:
         listener(spec)
@@ -208,7 +233,11 @@ def env_factory(
     alike: the trainer, the CLI and sandbox pools."""
     options = dict(kwargs or {})
     if isinstance(target, str):
-        spec(target)  # fail early on an unknown id
+        if spec(target).per_row:  # fails early on an unknown id too
+            raise ValueError(
+                f"{target} builds each episode's environment from its row: a trainer or "
+                f"`toolgym eval` takes the id; by hand, toolgym.spec({target!r}).make_for(row)"
+            )
         return lambda: make(target, sandbox=sandbox, **options)
     if isinstance(target, type):
         if sandbox in (None, "local"):

@@ -15,7 +15,7 @@ from helpers import ids
 
 import toolgym
 from toolgym import ToolCall
-from toolgym.agents import Agent, AgentLimits, ScriptedEngine
+from toolgym.agents import Agent, AgentLimits, ScriptedEngine, load_jsonl
 from toolgym.testing import tiny_tokenizer
 
 
@@ -123,3 +123,42 @@ def test_the_checker_is_handed_literals_whatever_the_arguments_hold(rows, tmp_pa
     recorded = [step[0] for step in env.calls[0]]
     assert recorded == [f"cd(folder={value!r})" for value in hostile]
     assert not canary.exists()
+
+
+def test_the_registered_id_is_built_per_row_and_refuses_make(rows):
+    with bfcl_on_path():
+        spec = toolgym.spec("bfcl/multi_turn_base")
+        assert spec.per_row
+        with pytest.raises(TypeError, match="make_for"):
+            toolgym.make("bfcl/multi_turn_base")
+        with pytest.raises(ValueError, match="builds each episode's environment from its row"):
+            toolgym.env_factory("bfcl/multi_turn_base")
+        dataset = spec.dataset(3)
+        env = spec.make_for(dataset[0])
+        assert env.reset(**dataset[0]) == rows[0]["question"][0][0]["content"]
+        assert {t["function"]["name"] for t in env.tools} >= {"cd", "mv", "post_tweet"}
+        from toolgym.algorithms.environments import ForEachRow, episode_factory
+
+        factory = episode_factory("bfcl/multi_turn_base")
+        assert isinstance(factory, ForEachRow) and factory(dataset[1], 0).tools
+
+
+def test_toolgym_eval_plays_bfcl_cases_end_to_end(tmp_path, capsys):
+    """`toolgym eval bfcl/multi_turn_base` with a tiny random model: each case its own
+    environment and user turns, the score BFCL's checker gives (0 here: the model is noise)."""
+    from toolgym.cli import main
+    from toolgym.testing import tiny_model
+
+    tokenizer = tiny_tokenizer()
+    folder = tmp_path / "model"
+    tiny_model(tokenizer).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    output = tmp_path / "bfcl.jsonl"
+    argv = ["eval", "bfcl/multi_turn_base", "--model", str(folder), "-n", "2"]
+    argv += ["--max-new-tokens", "16", "--max-turns", "3", "--output", str(output)]
+    with bfcl_on_path():
+        assert main(argv) == 0
+    episodes = load_jsonl(output)
+    assert [t.row["id"] for t in episodes] == ["multi_turn_base_0", "multi_turn_base_1"]
+    assert all(t.reward == 0.0 and t.status != "env_error" for t in episodes)
+    assert "bfcl/multi_turn_base" in capsys.readouterr().out

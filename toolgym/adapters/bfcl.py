@@ -9,6 +9,8 @@ and the ground truth's calls per turn. Here each case is one episode:
     envs = [bfcl_environment(row) for row in rows]   # or pass `bfcl_environment` as a factory
     agent.run(envs, rows)
 
+    toolgym eval bfcl/multi_turn_base --model smollm2-135m -n 8   # registered, built per row
+
 - **Tools**: the public methods of the case's classes (their BFCL docstrings give the
   schemas; arguments reach them as sent, as BFCL passes them), less the case's
   `excluded_function`s; each class's state is loaded as BFCL loads it
@@ -69,6 +71,31 @@ def bfcl_rows(category: str = "multi_turn_base", n: int | None = None) -> list[d
     return rows[:n] if n is not None else rows
 
 
+def bfcl_dataset(
+    n: int, seed: int = 0, category: str = "multi_turn_base", **_: Any
+) -> list[dict[str, Any]]:
+    """The registered ids' dataset builder: the category's first `n` cases in BFCL's order
+    (`seed` changes nothing: the leaderboard's cases are fixed), each case's `initial_config`
+    as JSON text (its classes' states differ in shape from case to case, which a table's
+    columns would merge)."""
+    rows = bfcl_rows(category, n)
+    return [{**row, "initial_config": json.dumps(row["initial_config"])} for row in rows]
+
+
+def register_categories(register: Any) -> None:
+    """Register `bfcl/<category>` for each playable category (the registry calls this while
+    no `bfcl/` id is registered); ImportError, naming the install, without bfcl-eval."""
+    bfcl_package()
+    for category in CATEGORIES:
+        register(
+            f"bfcl/{category}",
+            bfcl_environment,
+            dataset=functools.partial(bfcl_dataset, category=category),
+            description=f"BFCL {category}: the user's turns, graded by BFCL's checker",
+            per_row=True,
+        )
+
+
 def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
@@ -87,7 +114,7 @@ class BFCLCase(Environment):
         self,
         id: str = "",
         question: list[list[dict[str, str]]] | None = None,
-        initial_config: dict[str, Any] | None = None,
+        initial_config: dict[str, Any] | str | None = None,
         ground_truth: list[list[str]] | None = None,
         **row: Any,
     ) -> str:
@@ -96,9 +123,12 @@ class BFCLCase(Environment):
             STATELESS_CLASSES,
         )
 
+        config: dict[str, Any] = (  # a dataset's column holds it as JSON text
+            json.loads(initial_config) if isinstance(initial_config, str) else initial_config or {}
+        )
         self.case = {
             "id": id,
-            "initial_config": initial_config or {},
+            "initial_config": config,
             "involved_classes": list(self.classes),
         }
         self.turns = question or []
@@ -109,7 +139,7 @@ class BFCLCase(Environment):
         for name in self.classes:
             instance = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[name]), name)()
             if name not in STATELESS_CLASSES:
-                state = json.loads(json.dumps((initial_config or {}).get(name, {})))
+                state = json.loads(json.dumps(config.get(name, {})))  # a copy of its own
                 instance._load_scenario(state, long_context=False)
             self.instances[name] = instance
         self.turn = 0
@@ -198,6 +228,7 @@ def _tool(owner: str, method: str, function: Any) -> Any:
 
 
 def bfcl_environment(row: dict[str, Any], seed: int | None = None) -> BFCLCase:
-    """An episode's environment for a `bfcl_rows` row (an `EpisodeFactory`)."""
+    """An episode's environment for a `bfcl_rows` row (an `EpisodeFactory`; the entry point
+    of the registered `bfcl/<category>` ids, built per row)."""
     cls = bfcl_case_class(tuple(row["involved_classes"]), tuple(row.get("excluded_function") or ()))
     return cls()

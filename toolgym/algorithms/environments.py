@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import toolgym
@@ -32,6 +32,18 @@ class EveryRow:
 
     def __call__(self, row: dict[str, Any], seed: int | None) -> Any:
         return self.make()
+
+
+@dataclass
+class ForEachRow:
+    """A registered id whose environment is built from each episode's row
+    (`toolgym.register(..., per_row=True)`) as an `EpisodeFactory`."""
+
+    id: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __call__(self, row: dict[str, Any], seed: int | None) -> Any:
+        return toolgym.spec(self.id).make_for(row, seed, **self.kwargs)
 
 
 ENV_COLUMN = "env"
@@ -100,8 +112,12 @@ def episode_factory(
     tool functions) through `toolgym.env_factory`."""
     if isinstance(env, Mapping):
         return EnvMixture(env, kwargs, sandbox)
-    if isinstance(env, (EnvMixture, EveryRow)):
+    if isinstance(env, (EnvMixture, EveryRow, ForEachRow)):
         return env
+    if isinstance(env, str) and toolgym.spec(env).per_row:
+        if sandbox not in (None, "local"):
+            raise ValueError(f"{env} builds its environment per row, in this process only")
+        return ForEachRow(env, dict(kwargs or {}))
     return EveryRow(toolgym.env_factory(env, kwargs, sandbox))
 
 

@@ -51,10 +51,23 @@ class ResolvedEnv:
     target: str | type | Callable[..., Any]
     registered: EnvSpec | None = None
 
-    def make(self, sandbox: str | None = None, **kwargs: Any) -> Any:
-        """A fresh instance (in `sandbox` for an id or a class: "local", "process", ...)."""
+    def make(
+        self,
+        sandbox: str | None = None,
+        row: dict[str, Any] | None = None,
+        seed: int | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """A fresh instance (in `sandbox` for an id or a class: "local", "process", ...); an
+        id registered `per_row` is built from `row` and `seed`."""
         if sandbox not in (None, "local") and not isinstance(self.target, str | type):
             raise CLIError(f"{self.spec}: --sandbox {sandbox} needs an environment class")
+        if self.registered is not None and self.registered.per_row:
+            if sandbox not in (None, "local"):
+                raise CLIError(f"{self.spec}: built per row, in this process only")
+            if row is None:
+                raise CLIError(f"{self.spec}: its environment is built from each row; no row here")
+            return self.registered.make_for(row, seed, **kwargs)
         return toolgym.env_factory(self.target, kwargs, sandbox)()
 
     def trainer_env(self, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any] | None]:

@@ -27,7 +27,9 @@ def list_environments(args: argparse.Namespace) -> int:
     for env_id in toolgym.list_envs(namespace=args.namespace):
         spec = toolgym.spec(env_id)
         print(terminal_text(f"{env_id:24} {spec.description or ''}".rstrip()))
-        if args.tools:  # schemas come from the class: no sandbox is started to read them
+        if args.tools and spec.per_row:
+            print(terminal_text(f"{'':26}(its tools depend on each row)"))
+        elif args.tools:  # schemas come from the class: no sandbox is started to read them
             env = toolgym.make(env_id, sandbox="local")
             try:
                 tools = env.tools
@@ -88,12 +90,15 @@ def episode_rows(args: argparse.Namespace, env: ResolvedEnv, n: int) -> list[dic
     return env.dataset(n, seed=args.seed, **kwargs)
 
 
-def make_envs(args: argparse.Namespace, env: ResolvedEnv, count: int) -> list[Any]:
-    """`count` instances with `--env-kwargs`, placed by `--sandbox`."""
+def make_envs(
+    args: argparse.Namespace, env: ResolvedEnv, rows: list[dict[str, Any]], seeds: list[int]
+) -> list[Any]:
+    """One instance per row (an environment built per row gets its row and seed), with
+    `--env-kwargs`, placed by `--sandbox`."""
     envs: list[Any] = []
     try:
-        for _ in range(count):
-            envs.append(env.make(sandbox=args.sandbox, **args.env_kwargs))
+        for row, seed in zip(rows, seeds, strict=True):
+            envs.append(env.make(sandbox=args.sandbox, row=row, seed=seed, **args.env_kwargs))
     except TypeError as error:  # a constructor argument it does not take
         _close(envs)
         raise CLIError(f"{env.spec}: could not be built with {args.env_kwargs}: {error}") from None
@@ -118,7 +123,7 @@ def play(args: argparse.Namespace) -> int:
     escape_log_output()  # a warning may quote the model
     env_spec = resolve_env(args.env)
     rows = episode_rows(args, env_spec, 1)
-    envs = make_envs(args, env_spec, 1)  # before the model: a bad --env-kwargs fails fast
+    envs = make_envs(args, env_spec, [rows[0]], [args.seed])  # before the model: fails fast
     console = Console()
     try:
         (trajectory,) = build_agent(args).run(

@@ -92,12 +92,13 @@ def _play(
     """The episodes of `chunk`, played at once (each its own environment instance), each row
     reset with the seed `--seed` + its index (the same task in every rollout); appended to
     `--output` as soon as the chunk ends."""
-    envs = make_envs(args, env_spec, len(chunk))
+    played, seeds = [rows[row] for row, _ in chunk], [args.seed + row for row, _ in chunk]
+    envs = make_envs(args, env_spec, played, seeds)
     try:
         trajectories = agent.run(
             envs,
-            [rows[row] for row, _ in chunk],
-            seeds=[args.seed + row for row, _ in chunk],
+            played,
+            seeds=seeds,
             on_episode_end=lambda _: tick(),
         )
     finally:

@@ -13,7 +13,7 @@ from helpers import ids, inline_agent
 from model_caused_envs import Fragile, FragileChat
 
 import toolgym
-from toolgym.adapters.mcp import ServerGone
+from toolgym.adapters.mcp import MCPServerGone
 from toolgym.agents import Agent, AgentLimits, ScriptedEngine
 from toolgym.algorithms.advantages import group_advantages
 from toolgym.builtin_envs.python_lines import PythonLines
@@ -158,7 +158,7 @@ def test_one_rule_decides_whose_a_failure_is():
 
     assert failure_status(Both("x")) == "env_error"  # the environment's word wins
     assert failure_status(ModelFailure("x")) == "tool_crash"
-    assert failure_status(ServerGone("x")) == "tool_crash"
+    assert failure_status(MCPServerGone("x")) == "tool_crash"
     assert failure_status(InfrastructureFailure("x")) == "env_error"
     assert failure_status(EpisodeFailure("unclassified")) == "env_error"
 

@@ -5,7 +5,7 @@
     GRPOTrainer(model, env=env, train_dataset=rows)                      # or the id
 
 `toolgym.mcp` returns a factory (`MCP`): each instance it makes is a `Stepper` over an
-`MCPEnvironment`, the executor that talks to the server.
+`MCPExecutor`, the executor that talks to the server.
 
 - **Tools** are the server's `tools/list` (names, descriptions and JSON schemas as they are),
   less the tools toolgym itself calls (`reset_tool`, `reward_tool`) and, with `tools=`, those
@@ -49,7 +49,7 @@ from toolgym.envs.stepping import Executor, Stepper
 from toolgym.envs.tools import SchemaTool, Tool, image_blocks, render_result
 
 
-class ServerGone(ModelFailure, RuntimeError):
+class MCPServerGone(ModelFailure, RuntimeError):
     """The server's connection closed during one of the model's calls (a stdio server whose
     process exited): the episode ends `tool_crash`, the model's outcome, as when a call kills
     its sandbox worker (`toolgym.envs.stepping.failure_status`)."""
@@ -121,7 +121,7 @@ class MCP:
         if overrides:
             fresh: dict[str, Any] = {"_listing": []} if "server" in overrides else {}
             spec = dataclasses.replace(self, **overrides, **fresh)
-        return Stepper(MCPEnvironment(spec))
+        return Stepper(MCPExecutor(spec))
 
     def session(self) -> MCPSession:
         """A new, unopened session with this server."""
@@ -184,13 +184,13 @@ def mcp(
     )
 
 
-class MCPEnvironment(Executor):
+class MCPExecutor(Executor):
     """The executor of one environment instance over an MCP server (wrapped in a `Stepper`
     by `MCP.__call__`): a session per episode, the server's tools, the reward sources."""
 
     def __init__(self, spec: MCP) -> None:
         self.spec = spec
-        self.target: type = MCPEnvironment
+        self.target: type = MCPExecutor
         self.max_turns = spec.max_turns
         self.session: MCPSession | None = None
         self.episode = MCPEpisode({})
@@ -265,11 +265,11 @@ class MCPEnvironment(Executor):
 
     def _refused(self, call: ToolCall, error: Exception) -> ToolResult:
         """A JSON-RPC error answering a call: the server refused it (the model's mistake, a
-        `tool_error`), or the connection closed while it ran (`ServerGone`)."""
+        `tool_error`), or the connection closed while it ran (`MCPServerGone`)."""
         from mcp_types import CONNECTION_CLOSED
 
         if getattr(error, "code", None) == CONNECTION_CLOSED:
-            raise ServerGone(f"the MCP server closed the connection during {call.name}")
+            raise MCPServerGone(f"the MCP server closed the connection during {call.name}")
         return self._record(ToolResult(call, f"Error: {error}", "tool_error"))
 
     def _record(self, result: ToolResult) -> ToolResult:
@@ -404,7 +404,7 @@ def reward_value(name: str, result: Any) -> float | None:
 
 
 def _unbound(**arguments: Any) -> Any:
-    raise RuntimeError("an MCP tool runs on its server, through MCPEnvironment.run")
+    raise RuntimeError("an MCP tool runs on its server, through MCPExecutor.run")
 
 
 def _no_model() -> Any:

@@ -106,7 +106,8 @@ def compute_rewards(
         given = [(w, float(value)) for w, v in pairs if (value := v[index]) is not None]
         totals.append(sum((w * value for w, value in given), 0.0) if given else None)
     # an episode that failed (a judge that could not score it) is left out already: not told
-    unscored = sum(total is None and not t.failed for t, total in zip(trajectories, totals))
+    outcomes = zip(trajectories, totals, strict=True)
+    unscored = sum(total is None and not trajectory.failed for trajectory, total in outcomes)
     if unscored:
         warnings.warn(
             f"{unscored} of {len(trajectories)} episodes got no reward from any source "

@@ -13,6 +13,7 @@ from toolgym._exports import lazy_exports
 
 if TYPE_CHECKING:  # the public names: type checkers read them, and lazy_exports too
     from toolgym.agents.chat import ChatRenderer, TemplateError, TemplateProfile
+    from toolgym.agents.chat_clients import ChatClient, EngineClient, OpenAIClient
     from toolgym.agents.compaction import Compaction
     from toolgym.agents.custom import EpisodeEnd, Generation, RolloutContext, RolloutFn
     from toolgym.agents.engines import (
@@ -28,6 +29,7 @@ if TYPE_CHECKING:  # the public names: type checkers read them, and lazy_exports
     from toolgym.agents.limits import AgentLimits
     from toolgym.agents.parsers import PARSERS, ParsedMessage, get_parser
     from toolgym.agents.rollout import Agent
+    from toolgym.agents.simulated_user import SimulatedUser
     from toolgym.agents.subagents import SubAgent
     from toolgym.agents.trajectory import (
         STATUSES,

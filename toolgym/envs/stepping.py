@@ -28,6 +28,7 @@ from toolgym.envs.calls import (
     Demonstration,
     EnvironmentBug,
     EnvironmentFailure,
+    EpisodeFailure,
     FailureKind,
     MalformedToolCall,
     ModelCausedError,
@@ -293,7 +294,7 @@ class LocalExecutor(Executor):
 
     def final_answer(self, text: str) -> None:
         """The instance's `final_answer`; an exception it raises is the model's
-        (`ModelCausedError`) unless it is an `EnvironmentBug`."""
+        (`ModelCausedError`) unless it is typed already (an `EpisodeFailure`)."""
         if self._over():
             return  # graded already: an answer after the end changes nothing
         self.answered = True
@@ -302,7 +303,7 @@ class LocalExecutor(Executor):
 
     def user_turn(self, answer: str) -> str | None:
         """The instance's `user_turn` (None without one); an exception it raises is the
-        model's (`ModelCausedError`) unless it is an `EnvironmentBug`."""
+        model's (`ModelCausedError`) unless it is typed already (an `EpisodeFailure`)."""
         if self._over():
             return None
         with _the_model_s("user_turn"):
@@ -310,8 +311,8 @@ class LocalExecutor(Executor):
 
     def inline(self, text: str) -> InlineStep:
         """The instance's `inline_step`; an exception it raises is the model's
-        (`ModelCausedError`) unless it is an `EnvironmentBug`. An answer that is no valid
-        `InlineStep` is the environment's own fault (`as_inline_step` raises)."""
+        (`ModelCausedError`) unless it is typed already (an `EpisodeFailure`). An answer that
+        is no valid `InlineStep` is the environment's own fault (`as_inline_step` raises)."""
         if self._over():
             return InlineStep(f"{EPISODE_OVER}\n", done=True, failed=True)
         with _the_model_s("inline_step"):
@@ -349,10 +350,11 @@ class LocalExecutor(Executor):
 @contextlib.contextmanager
 def _the_model_s(hook: str) -> Iterator[None]:
     """Inside: the environment handles the model's text, so what it raises is the model's
-    doing (`ModelCausedError`, with the original as its cause), except an `EnvironmentBug`."""
+    doing (`ModelCausedError`, with the original as its cause), except a failure already typed
+    (`EpisodeFailure`: an `EnvironmentBug`, a simulated user's model that failed, ...)."""
     try:
         yield
-    except EnvironmentBug:
+    except EpisodeFailure:
         raise
     except Exception as error:
         what = _describe(error)

@@ -37,8 +37,8 @@ from typing import Any, Literal
 
 from toolgym.agents.trajectory import INFRASTRUCTURE_FAILURES, Trajectory
 from toolgym.envs.time_limits import ReadTimedOut, within
-from toolgym.judges.clients import JudgeClient, JudgeUnreachable, Messages
-from toolgym.judges.rubric import JudgeFailure, Rubric
+from toolgym.agents.chat_clients import ChatClient, ChatClientError, Messages
+from toolgym.judges.rubric import JudgeFailure, JudgeUnreachable, Rubric
 
 Transcript = Callable[[Trajectory], tuple[str, str]]
 """An episode as the judge reads it: (the task, what followed)."""
@@ -88,7 +88,7 @@ class Judge:
     """A reward function whose values a judge model gives (see the module docstring).
 
     Args:
-        client: The judge's model (`EngineClient`, `OpenAIClient`, or any `JudgeClient`).
+        client: The judge's model (`EngineClient`, `OpenAIClient`, or any `ChatClient`).
         rubric: What it scores and how its answer is read.
         mode: "pointwise" (each episode alone) or "group" (a group's episodes in one chat).
         name: The reward source's name (`reward_sources`, metrics, the episode's record).
@@ -101,7 +101,7 @@ class Judge:
 
     def __init__(
         self,
-        client: JudgeClient,
+        client: ChatClient,
         rubric: Rubric | None = None,
         *,
         mode: Literal["pointwise", "group"] = "pointwise",
@@ -230,6 +230,8 @@ class Judge:
                 raise JudgeFailure(str(error)) from error
             except JudgeFailure:
                 raise
+            except ChatClientError as error:
+                raise JudgeUnreachable(f"the judge's model failed: {error}") from error
             except Exception as error:  # a client's own bug is the judge's failure too
                 raise JudgeUnreachable(f"the judge's client failed: {error!r}") from error
 

@@ -24,6 +24,10 @@ class JudgeUnparseable(JudgeFailure):
     """The judge's answer did not hold the scores it was asked for."""
 
 
+class JudgeUnreachable(JudgeFailure):
+    """The judge's model could not answer (an engine error, an API that failed or refused)."""
+
+
 @dataclass(frozen=True)
 class Criterion:
     """One thing the judge scores.

@@ -1,6 +1,9 @@
-"""Where a judge's answer comes from: any toolgym engine (the policy's own, another local model,
-vLLM in-process or vLLM servers: `EngineClient`) or any OpenAI-compatible chat API
-(`OpenAIClient`). A client turns a chat into the judge's text; it knows nothing of rubrics."""
+"""A model that answers a chat with text, for the parts of a run that ask one a question of
+their own (a judge, a simulated user): any toolgym engine (the policy's own, another local
+model, vLLM in-process or vLLM servers: `EngineClient`) or any OpenAI-compatible chat API
+(`OpenAIClient`). The text it is asked about may be the policy's (a judged episode, the
+conversation a user answers): turn markers in it are defused (`defuse`) so that it stays
+text."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import re
 from typing import Any, Protocol
 
 from toolgym.agents.engines.base import Engine, GenerationRequest, SamplingParams
-from toolgym.judges.rubric import JudgeFailure
+from toolgym.envs.calls import EnvironmentFailure
 
 Messages = list[dict[str, str]]
 
@@ -18,7 +21,7 @@ COMMON_MARKERS = re.compile(
     r"<\|[^<>|\s]{1,40}\|>|</?s>|\[/?INST\]|<(?:start|end)_of_turn>|</?think>|<\|?(?:im_start|im_end)\|?>"
 )
 """The special-token texts of common chat templates (ChatML, Llama, Mistral, Gemma, ...): what
-an API's server would read as turn markers in a judged episode."""
+an API's server would read as turn markers in the text it is asked about."""
 
 
 def defuse(text: str, markers: re.Pattern[str]) -> str:
@@ -40,32 +43,33 @@ def _special_texts(tokenizer: Any) -> re.Pattern[str]:
     return re.compile("|".join(re.escape(t) for t in sorted(texts, key=len, reverse=True)))
 
 
-class JudgeUnreachable(JudgeFailure):
-    """The judge's model could not answer (an engine error, an API that failed or refused)."""
+class ChatClientError(EnvironmentFailure):
+    """The model could not answer (an engine error, an API that failed or refused): not the
+    policy's doing."""
 
 
-class JudgeClient(Protocol):
+class ChatClient(Protocol):
     """A model that answers a chat with text."""
 
     name: str
-    """Which model this is, for the cache key and the episode's record."""
+    """Which model this is, for caches and records."""
 
     async def complete(self, messages: Messages) -> str:
-        """The model's answer to `messages` (raise `JudgeUnreachable` when there is none)."""
+        """The model's answer to `messages` (raise `ChatClientError` when there is none)."""
         ...
 
 
 class EngineClient:
-    """A judge on a toolgym engine: the chat rendered by `tokenizer`'s chat template, one
+    """A chat client on a toolgym engine: the chat rendered by `tokenizer`'s chat template, one
     completion generated off the event loop (engines serialise their own use, so the
-    policy's engine may judge between its rollouts).
+    policy's engine may answer between its rollouts).
 
     Args:
         engine: Any `Engine` (`HFEngine`, `VLLMEngine`, `VLLMServerEngine`, `ScriptedEngine`).
-        tokenizer: The judge model's tokenizer.
+        tokenizer: The model's tokenizer.
         max_tokens: The most tokens of one answer.
-        temperature: 0 judges greedily (the same episode gets the same answer).
-        name: How the episode's record names this judge (default: the engine's class).
+        temperature: 0 answers greedily (the same chat gets the same answer).
+        name: How records name this model (default: the engine's class).
     """
 
     def __init__(
@@ -88,16 +92,16 @@ class EngineClient:
             ids = ids["input_ids"]
         stops = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
         sampling = SamplingParams(self.max_tokens, self.temperature, stop_token_ids=stops)
-        request = GenerationRequest(list(ids), sampling, session="judge")
+        request = GenerationRequest(list(ids), sampling, session=self.name)
         try:
             (completion,) = await asyncio.to_thread(self.engine.generate, [request])
         except Exception as error:
-            raise JudgeUnreachable(f"the judge's engine failed: {error!r}") from error
+            raise ChatClientError(f"the engine failed: {error!r}") from error
         return str(self.tokenizer.decode(completion.token_ids, skip_special_tokens=True))
 
 
 class OpenAIClient:
-    """A judge behind any OpenAI-compatible chat completions API (a vLLM server, a hosted
+    """A chat client of any OpenAI-compatible chat completions API (a vLLM server, a hosted
     model), through the `openai` package (`pip install toolgym[judges]`).
 
     Args:
@@ -105,7 +109,7 @@ class OpenAIClient:
         model: The model the API serves.
         api_key: Its key (default: `OPENAI_API_KEY`, else a placeholder for local servers).
         max_tokens: The most tokens of one answer.
-        temperature: 0 judges greedily.
+        temperature: 0 answers greedily.
     """
 
     def __init__(
@@ -133,7 +137,7 @@ class OpenAIClient:
     async def complete(self, messages: Messages) -> str:
         # a client per answer: each batch of rewards runs on an event loop of its own, and an
         # async HTTP client's connections belong to the loop that opened them; retries are
-        # the judge's (its timeout bounds every try), none here
+        # the caller's (its timeout bounds every try), none here
         client = self._openai.AsyncOpenAI(base_url=self.base_url, api_key=self._key, max_retries=0)
         messages = [{**m, "content": defuse(m["content"], COMMON_MARKERS)} for m in messages]
         try:
@@ -145,8 +149,8 @@ class OpenAIClient:
                     temperature=self.temperature,
                 )
         except Exception as error:  # refused, unreachable, an HTTP error
-            raise JudgeUnreachable(f"the judge's API failed: {error!r}") from error
+            raise ChatClientError(f"the API failed: {error!r}") from error
         text = reply.choices[0].message.content if reply.choices else None
         if text is None:
-            raise JudgeUnreachable("the judge's API answered with no text")
+            raise ChatClientError("the API answered with no text")
         return text

@@ -85,6 +85,7 @@ class EngineClient:
         self.name = name or type(engine).__name__
 
     async def complete(self, messages: Messages) -> str:
+        """The engine's answer to `messages`, rendered by the tokenizer's chat template."""
         markers = _special_texts(self.tokenizer)
         messages = [{**m, "content": defuse(m["content"], markers)} for m in messages]
         ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
@@ -135,6 +136,7 @@ class OpenAIClient:
         self.name = f"{model} at {base_url}"
 
     async def complete(self, messages: Messages) -> str:
+        """The API's answer to `messages` (one chat completion)."""
         # a client per answer: each batch of rewards runs on an event loop of its own, and an
         # async HTTP client's connections belong to the loop that opened them; retries are
         # the caller's (its timeout bounds every try), none here

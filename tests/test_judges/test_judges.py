@@ -112,6 +112,22 @@ def test_at_most_max_concurrency_calls_run_at_once():
     assert client.calls == 6 and client.most_live == 2
 
 
+def test_the_bound_holds_across_batches_judged_at_once():
+    """Pipelined steps judge their batches on event loops of their own, in other threads."""
+    import threading
+
+    client = Scripted(graded, delay=0.05)
+    judge = Judge(client, RUBRIC, max_concurrency=2, cache=False)
+    batches = [[episode(f"Paris {b}-{k}") for k in range(4)] for b in range(2)]
+    threads = [threading.Thread(target=asyncio.run, args=(judge(b),)) for b in batches]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert client.calls == 8 and client.most_live == 2
+    assert all(t.judgements[0]["score"] == 0.95 for b in batches for t in b)
+
+
 @pytest.mark.parametrize(
     ("client", "why"),
     [

@@ -30,14 +30,15 @@ import hashlib
 import hmac
 import json
 import secrets
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
+from toolgym.agents.chat_clients import ChatClient, ChatClientError, Messages
 from toolgym.agents.trajectory import INFRASTRUCTURE_FAILURES, Trajectory
 from toolgym.envs.time_limits import ReadTimedOut, within
-from toolgym.agents.chat_clients import ChatClient, ChatClientError, Messages
 from toolgym.judges.rubric import JudgeFailure, JudgeUnreachable, Rubric
 
 Transcript = Callable[[Trajectory], tuple[str, str]]
@@ -119,6 +120,7 @@ class Judge:
         self.client, self.rubric = client, rubric or Rubric()
         self.mode, self.__name__ = mode, name
         self.max_concurrency, self.timeout = max_concurrency, timeout
+        self._slots = threading.BoundedSemaphore(max_concurrency)
         self.cache_size = cache_size if cache else 0
         self._answers: OrderedDict[str, str] = OrderedDict()
         self.read = transcript
@@ -129,7 +131,6 @@ class Judge:
     async def __call__(
         self, trajectories: Sequence[Trajectory], log_metric: Any = None, **_: Any
     ) -> list[float | None]:
-        gate = asyncio.Semaphore(self.max_concurrency)
         asked: dict[str, asyncio.Task[str]] = {}  # this batch's chats, each asked once
         read = [self.read(t) for t in trajectories]
         groups = _groups(read) if self.mode == "group" else [[i] for i in range(len(read))]
@@ -149,7 +150,7 @@ class Judge:
             started = time.perf_counter()
             answer, cached, scores, error = "", False, None, None
             try:
-                answer, cached = await self._answer(messages, gate, asked)
+                answer, cached = await self._answer(messages, asked)
                 scores = self._scores(answer, len(members))
             except JudgeFailure as failure:
                 error = f"judge {self.__name__}: {failure}"
@@ -200,7 +201,7 @@ class Judge:
         return [(self.rubric.total(parts), parts)]
 
     async def _answer(
-        self, messages: Messages, gate: asyncio.Semaphore, asked: dict[str, asyncio.Task[str]]
+        self, messages: Messages, asked: dict[str, asyncio.Task[str]]
     ) -> tuple[str, bool]:
         """The judge's answer to `messages` and whether another call's answer served it: the
         cache, or the same chat asked in this batch (`asked`, in flight or done)."""
@@ -210,7 +211,7 @@ class Judge:
             return self._answers[key], True
         if key in asked:
             return await asyncio.shield(asked[key]), True
-        asked[key] = asyncio.ensure_future(self._ask(messages, gate))
+        asked[key] = asyncio.ensure_future(self._ask(messages))
         answer = await asyncio.shield(asked[key])
         if self.cache_size:
             self._answers[key] = answer
@@ -218,22 +219,26 @@ class Judge:
                 self._answers.popitem(last=False)
         return answer, False
 
-    async def _ask(self, messages: Messages, gate: asyncio.Semaphore) -> str:
-        """One call to the judge's model, under the concurrency gate and the timeout."""
-        async with gate:
+    async def _ask(self, messages: Messages) -> str:
+        """One call to the judge's model, in one of the judge's `max_concurrency` slots (shared
+        by every batch it judges at once: pipelined steps run on loops of their own), under
+        the timeout."""
+        await asyncio.to_thread(self._slots.acquire)
+        try:
             self.calls += 1
-            try:
-                return await within(
-                    self.client.complete(messages), self.timeout, "the judge", model_caused=False
-                )
-            except ReadTimedOut as error:
-                raise JudgeFailure(str(error)) from error
-            except JudgeFailure:
-                raise
-            except ChatClientError as error:
-                raise JudgeUnreachable(f"the judge's model failed: {error}") from error
-            except Exception as error:  # a client's own bug is the judge's failure too
-                raise JudgeUnreachable(f"the judge's client failed: {error!r}") from error
+            return await within(
+                self.client.complete(messages), self.timeout, "the judge", model_caused=False
+            )
+        except ReadTimedOut as error:
+            raise JudgeFailure(str(error)) from error
+        except JudgeFailure:
+            raise
+        except ChatClientError as error:
+            raise JudgeUnreachable(f"the judge's model failed: {error}") from error
+        except Exception as error:  # a client's own bug is the judge's failure too
+            raise JudgeUnreachable(f"the judge's client failed: {error!r}") from error
+        finally:
+            self._slots.release()
 
 
 def _groups(read: list[tuple[str, str]]) -> list[list[int]]:

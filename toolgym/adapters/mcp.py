@@ -188,6 +188,10 @@ class MCPExecutor(Executor):
     """The executor of one environment instance over an MCP server (wrapped in a `Stepper`
     by `MCP.__call__`): a session per episode, the server's tools, the reward sources."""
 
+    _not_forkable = (
+        "an MCP server offers no snapshot of its state, so its episodes cannot be copied"
+    )
+
     def __init__(self, spec: MCP) -> None:
         self.spec = spec
         self.target: type = MCPExecutor

@@ -239,6 +239,10 @@ class OpenEnvExecutor(Executor):
     """The executor of one environment instance over an OpenEnv server (wrapped in a
     `Stepper` by `OpenEnv.__call__`): one session, the steps' rewards, `done`."""
 
+    _not_forkable = (
+        "an OpenEnv server offers no snapshot of its state, so its episodes cannot be copied"
+    )
+
     reward_per_step = True
     """Each step reports its own reward (the `Stepper` reports the change per step)."""
 

@@ -135,6 +135,18 @@ class Environment:
         """
         return None
 
+    def snapshot_state(self) -> Any:
+        """What a snapshot or a fork of the episode keeps of this environment
+        (`toolgym.envs.snapshots`). The default (not overridden) deep-copies every attribute;
+        override it with `restore_state` to copy only what matters."""
+        return dict(vars(self))
+
+    def restore_state(self, state: Any) -> None:
+        """Go back to `state`, a copy of what `snapshot_state` returned (the default puts the
+        attributes back)."""
+        vars(self).clear()
+        vars(self).update(state)
+
     @property
     def rng(self) -> random.Random:
         """This episode's random generator, seeded with the episode's seed."""

@@ -68,6 +68,16 @@ HOOKS: dict[str, Hook] = {
             "inline",
         ),
         Hook(
+            "snapshot_state",
+            "reads snapshot_state() as what a snapshot or fork of the episode keeps",
+            True,
+        ),
+        Hook(
+            "restore_state",
+            "hands restore_state(state) a snapshot's state to go back to",
+            True,
+        ),
+        Hook(
             "done",
             "reads `done` as whether the episode is over (an attribute, not a method)",
             False,

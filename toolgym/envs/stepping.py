@@ -20,6 +20,7 @@ import contextlib
 import inspect
 import types
 from collections.abc import Callable, Iterable, Iterator
+from copy import deepcopy
 from typing import Any, Protocol
 
 from toolgym.envs.calls import (
@@ -47,6 +48,7 @@ from toolgym.envs.episode_state import EpisodeState
 from toolgym.envs.functions import function_tools, is_function_list
 from toolgym.envs.inline import InlineStep, as_inline_step
 from toolgym.envs.seeding import global_random_seeded, warn_if_unseedable
+from toolgym.envs.snapshots import NotForkable, Snapshot, class_name, forked, restore_into, state_of
 from toolgym.envs.time_limits import CallTimedOut, TimeLimits, within
 from toolgym.envs.tools import (
     Tool,
@@ -196,6 +198,21 @@ class Executor(abc.ABC):
         """The environment's `episode_metrics()`, checked (empty when it has none)."""
         return {}
 
+    def snapshot(self) -> dict[str, Any]:
+        """The episode's state as this executor keeps it (`toolgym.envs.snapshots`); the
+        default says that where it lives cannot be copied yet."""
+        raise NotForkable(f"{type(self).__name__}: {self._not_forkable}")
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Go back to a state `snapshot` returned."""
+        raise NotForkable(f"{type(self).__name__}: {self._not_forkable}")
+
+    def fork(self) -> Executor:
+        """An independent executor over a copy of this one's environment, mid-episode."""
+        raise NotForkable(f"{type(self).__name__}: {self._not_forkable}")
+
+    _not_forkable = "environments that live here are not snapshotted or forked yet"
+
     @abc.abstractmethod
     def close(self) -> None:
         """Release the environment and what it holds."""
@@ -260,6 +277,19 @@ class LocalExecutor(Executor):
         if cached is None or cached[0] is not table or cached[1] != own:
             cached = self._tools = (table, own, instance_tools(self.instance) if own else table)
         return cached[2]
+
+    def snapshot(self) -> dict[str, Any]:
+        """The instance's state (its hooks', or its attributes copied) and the answer."""
+        return {"instance": state_of(self.instance), "answered": self.answered}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        restore_into(self.instance, state["instance"])
+        self.answered = state["answered"]
+
+    def fork(self) -> LocalExecutor:
+        copy = LocalExecutor(forked(self.instance))
+        copy.answered = self.answered
+        return copy
 
     def run(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
         if self._over():
@@ -439,6 +469,44 @@ class Stepper:
         """The environment instance this Stepper steps (`env.unwrapped.answer`); None for a
         sandboxed one, which lives in another process."""
         return getattr(self.executor, "instance", None)
+
+    # -- snapshots and forks -------------------------------------------------------------------
+    def snapshot(self) -> Snapshot:
+        """The live episode's whole state (`toolgym.envs.snapshots`): the environment's, the
+        episode's and the executor's; `restore` goes back to it. `NotForkable` names what
+        cannot be copied."""
+        self._require_started("snapshot")
+        return Snapshot(
+            class_name(self.executor.target),
+            self.executor.snapshot(),
+            deepcopy(self.state),
+            {},
+        )
+
+    def restore(self, snapshot: Snapshot) -> None:
+        """Go back to `snapshot`, taken of this environment or another of its class."""
+        if snapshot.target != class_name(self.executor.target):
+            raise ValueError(
+                f"a snapshot of {snapshot.target} cannot restore {class_name(self.executor.target)}"
+            )
+        self.executor.restore(snapshot.environment)
+        self.state = deepcopy(snapshot.episode)
+
+    def fork(self, n: int = 1) -> list[Stepper]:
+        """`n` independent live copies of this episode, each a `Stepper` of its own."""
+        self._require_started("fork")
+        if n < 1:
+            raise ValueError("fork(n) needs n >= 1")
+        copies = []
+        for _ in range(n):
+            copy = Stepper(self.executor.fork())
+            copy.state = deepcopy(self.state)
+            copies.append(copy)
+        return copies
+
+    def _require_started(self, what: str) -> None:
+        if not self.state.started:
+            raise RuntimeError(f"{self.executor.target.__name__}: call reset() before {what}()")
 
     # -- the episode ---------------------------------------------------------------------------
     def reset(self, seed: int | None = None, **row: Any) -> str | None:

@@ -259,6 +259,11 @@ class RemoteExecutor(Executor):
     `tool_crash`, the model's outcome; otherwise `env_error`); the next `reset` starts a fresh
     worker."""
 
+    _not_forkable = (
+        "a sandboxed instance (process, docker, ray) is not snapshotted or forked yet: its "
+        "state lives in another process"
+    )
+
     def __init__(
         self,
         target: type,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -267,3 +268,50 @@ class AioREPL(PythonREPL):
     """A REPL whose environment asks for the kernel's AIO (io_setup / io_submit)."""
 
     sandbox_allow = ("aio",)
+
+
+def touch_quietly(path: str) -> Touches:
+    """Write `path` where this runs (if it can), and give the value back."""
+    with contextlib.suppress(OSError):
+        Path(path).touch()
+    return Touches(path)
+
+
+class Touches:
+    """A value whose unpickling writes a file: where a snapshot is unpickled shows (a copy in
+    memory writes nothing)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __deepcopy__(self, memo: dict) -> Touches:
+        return Touches(self.path)
+
+    def __reduce__(self):
+        return (touch_quietly, (self.path,))
+
+
+class Keeper(toolgym.Environment):
+    """An environment whose state holds what it is told to keep (for snapshot tests)."""
+
+    def reset(self, **row) -> str:
+        self.kept: list[object] = []
+        return "ready"
+
+    def keep(self, text: str) -> int:
+        """Keep some text.
+
+        Args:
+            text: Anything.
+        """
+        self.kept.append(text)
+        return len(self.kept)
+
+    def plant(self, path: str) -> str:
+        """Keep a value that writes `path` when it is unpickled.
+
+        Args:
+            path: A file.
+        """
+        self.kept.append(Touches(path))
+        return "planted"

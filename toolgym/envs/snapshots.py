@@ -13,8 +13,11 @@ What is copied of the environment:
   as a shallow copy of the instance with that state restored: what the hooks leave out (a
   client, a file it only appends to) is shared by the copies.
 
-Sandboxed, MCP and OpenEnv environments are not copied yet: their executors raise
-`NotForkable` naming why. The global `random` module's state is not part of a snapshot (an
+A sandboxed environment is copied by its worker (`toolgym.sandbox.remote.RemoteExecutor`):
+the worker pickles the same state, the host keeps it opaque (it never unpickles what the
+model's code could have shaped), and a fork is a fresh sandbox with the state restored in
+it. MCP and OpenEnv environments are not copied: their servers offer no snapshot
+(`NotForkable`). The global `random` module's state is not part of a snapshot (an
 environment should draw from its `rng`).
 """
 

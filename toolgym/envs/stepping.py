@@ -498,11 +498,20 @@ class Stepper:
         if n < 1:
             raise ValueError("fork(n) needs n >= 1")
         copies = []
-        for _ in range(n):
-            copy = Stepper(self.executor.fork())
-            copy.state = deepcopy(self.state)
-            copies.append(copy)
+        try:
+            for _ in range(n):
+                copy = self._around(self.executor.fork())
+                copy.state = deepcopy(self.state)
+                copies.append(copy)
+        except BaseException:
+            for made in copies:
+                made.close()
+            raise
         return copies
+
+    def _around(self, executor: Executor) -> Stepper:
+        """A Stepper of this kind over `executor` (a fork's)."""
+        return Stepper(executor)
 
     def _require_started(self, what: str) -> None:
         if not self.state.started:

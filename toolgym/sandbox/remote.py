@@ -35,6 +35,7 @@ from toolgym.envs.calls import (
 )
 from toolgym.envs.hooks import HOOK_NAMES, RESERVED_NAMES, TRL_NOT_TOOLS
 from toolgym.envs.inline import InlineStep, as_inline_step
+from toolgym.envs.snapshots import NotForkable
 from toolgym.envs.stepping import Executor, Stepper
 from toolgym.envs.tools import checked_blocks, tool_table
 from toolgym.sandbox.worker import PROTOCOL_VERSION
@@ -259,11 +260,6 @@ class RemoteExecutor(Executor):
     `tool_crash`, the model's outcome; otherwise `env_error`); the next `reset` starts a fresh
     worker."""
 
-    _not_forkable = (
-        "a sandboxed instance (process, docker, ray) is not snapshotted or forked yet: its "
-        "state lives in another process"
-    )
-
     def __init__(
         self,
         target: type,
@@ -311,6 +307,37 @@ class RemoteExecutor(Executor):
             observation = self.request("reset", row=row)
         self._episodes += 1
         return observation
+
+    def snapshot(self) -> dict[str, Any]:
+        """The episode's state as the worker pickles it, kept opaque: the host never unpickles
+        what a worker (and the model's code in it) wrote; only a worker does, in `restore`."""
+        try:
+            return {"pickled": self.request("snapshot"), "target": self.target.__qualname__}
+        except RemoteError as error:
+            if error.type == "NotForkable":
+                raise NotForkable(f"{self.target.__qualname__} in a sandbox: {error}") from None
+            raise
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """A snapshot's state back into this instance's worker (started if there is none)."""
+        self.channel_or_start()
+        self.request("restore", state=state["pickled"])
+        self._episodes = max(self._episodes, 1)
+
+    def fork(self) -> RemoteExecutor:
+        """A new sandbox (a fresh worker: its own identity, limits and /tmp) of the same class,
+        with this episode's state restored in it. Files the model's code wrote in this
+        worker's /tmp are not copied."""
+        state = self.snapshot()
+        copy = RemoteExecutor(
+            self.target, self.kwargs, self.backend, self.call_timeout, self.start_timeout
+        )
+        try:
+            copy.restore(state)
+        except BaseException:
+            copy.close()
+            raise
+        return copy
 
     def run(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
         value = self._model_request("call", name=call.name, arguments=arguments)
@@ -504,6 +531,13 @@ class RemoteEnvironment(Stepper):
     def call_timeout(self) -> float:
         """Seconds one request may take."""
         return self.executor.call_timeout
+
+    def _around(self, executor: Executor) -> RemoteEnvironment:
+        """A fork: a `RemoteEnvironment` of its own over the new worker (in no pool)."""
+        copy = RemoteEnvironment.__new__(RemoteEnvironment)
+        Stepper.__init__(copy, executor)
+        copy.backend, copy.pool = self.backend, None
+        return copy
 
     def close(self) -> None:
         """Give the instance back to its pool, or stop its worker."""

@@ -20,6 +20,9 @@ OP is one of:
     invoke  {"name", "args"}               a protocol method: get_reward, final_answer,
                                            user_turn, inline_step, demonstration,
                                            episode_metrics, close
+    snapshot {}                            -> the episode's state, pickled and base64-encoded
+                                           (opaque to the host, which never unpickles it)
+    restore {"state"}                      a snapshot's state back into this instance
     ping    {}                             -> "pong" (health check)
     exit    {}                             the worker replies, then exits
 
@@ -31,10 +34,12 @@ A request the worker cannot read gets an error reply with id null; end of input 
 
 from __future__ import annotations
 
+import base64
 import importlib
 import inspect
 import json
 import os
+import pickle
 import platform
 import signal
 import sys
@@ -44,6 +49,7 @@ from typing import Any, BinaryIO
 
 from toolgym.envs.calls import ToolCall
 from toolgym.envs.hooks import INVOKABLE
+from toolgym.envs.snapshots import NotForkable
 from toolgym.envs.stepping import LocalExecutor
 from toolgym.sandbox.python_session import (
     allow,
@@ -55,6 +61,8 @@ from toolgym.sandbox.python_session import (
 
 PROTOCOL_VERSION = 2
 MAX_CONTENT_CHARS = 1_000_000
+MAX_SNAPSHOT_CHARS = 8 * 2**20
+"""The most a snapshot's pickled state may be (base64): under the host's reply limit."""
 """A tool result longer than this is cut (the protocol stays responsive whatever a tool
 returns; environments should truncate to what a model can read long before this)."""
 
@@ -188,6 +196,20 @@ class Worker:
             raise ValueError(f"{name!r} is not a protocol method")
         value = getattr(self.executor, INVOKABLE[name])(*request.get("args", []))
         return _ENCODERS[name](value) if name in _ENCODERS else value
+
+    def _op_snapshot(self, request: dict[str, Any]) -> str:
+        """The episode's state (`LocalExecutor.snapshot`), pickled: only a worker unpickles
+        it, never the host (the model's code may have shaped it)."""
+        blob = base64.b64encode(pickle.dumps(self.executor.snapshot())).decode()
+        if len(blob) > MAX_SNAPSHOT_CHARS:
+            raise NotForkable(
+                f"the episode's state is {len(blob):,} characters pickled, over the "
+                f"{MAX_SNAPSHOT_CHARS:,} a snapshot may carry"
+            )
+        return blob
+
+    def _op_restore(self, request: dict[str, Any]) -> None:
+        self.executor.restore(pickle.loads(base64.b64decode(request["state"])))
 
     def _op_ping(self, request: dict[str, Any]) -> str:
         return "pong"

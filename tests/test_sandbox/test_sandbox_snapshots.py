@@ -1,0 +1,96 @@
+"""Snapshots and forks of sandboxed environments (issue 46 item 2, the process and Docker
+backends, first version): the worker pickles the episode's state, the host keeps it opaque
+(it never unpickles what the model's code could have shaped), and a fork is a fresh sandbox
+(its own worker, identity and limits) with the state restored in it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+from sandbox_envs import Keeper
+
+import toolgym
+from toolgym.builtin_envs.python_repl import PythonREPL
+from toolgym.envs.snapshots import NotForkable
+from toolgym.sandbox import sandboxed
+
+REQUIRED = os.environ.get("TOOLGYM_REQUIRE_SANDBOXES") == "1"
+needs_bwrap = pytest.mark.skipif(
+    not REQUIRED and shutil.which("bwrap") is None,
+    reason="bubblewrap is not installed (apt-get install bubblewrap; scripts/sandbox_setup.sh)",
+)
+
+
+def _docker_ready() -> bool:
+    from toolgym.sandbox.docker import docker_ready
+
+    return docker_ready()
+
+
+needs_docker = pytest.mark.skipif(
+    not REQUIRED and not _docker_ready(),
+    reason="no Docker daemon or no sandbox image (scripts/sandbox_setup.sh as root)",
+)
+BACKENDS = [
+    pytest.param("process", id="process", marks=[needs_bwrap]),
+    pytest.param("docker", id="docker", marks=[needs_docker, pytest.mark.docker]),
+]
+
+
+def call(env, name: str, **arguments):
+    return env.step(toolgym.ToolCall(name, arguments)).messages[0]["content"]
+
+
+@pytest.mark.parametrize("where", BACKENDS)
+def test_a_sandboxed_episode_forks_into_fresh_sandboxes_and_restores(where):
+    env = sandboxed(Keeper, {}, where)
+    copies = []
+    try:
+        env.reset()
+        assert call(env, "keep", text="a") == "1"
+        snap = env.snapshot()
+        assert isinstance(snap.environment["pickled"], str)  # opaque to the host
+        copies = env.fork(2)
+        assert call(copies[0], "keep", text="b") == "2" and call(copies[1], "keep", text="c") == "2"
+        assert call(env, "keep", text="d") == "2"  # each copy went on alone
+        channels = {id(e.executor.channel) for e in (env, *copies)}
+        assert len(channels) == 3 and all(e.alive for e in copies)  # three workers
+        if os.geteuid() == 0:  # a root host gives each worker a host identity of its own
+            assert len({e.isolation.user for e in (env, *copies)}) == 3
+        env.restore(snap)
+        assert call(env, "keep", text="e") == "2" and copies[0].turn == env.turn
+    finally:
+        for each in (env, *copies):
+            each.close()
+    assert not any(each.alive for each in (env, *copies))
+
+
+@needs_bwrap
+def test_the_host_never_unpickles_what_a_worker_wrote(tmp_path):
+    canary = tmp_path / "unpickled-on-the-host"
+    env = sandboxed(Keeper, {}, "process")
+    copies = []
+    try:
+        env.reset()
+        assert call(env, "plant", path=str(canary)) == "planted"
+        env.snapshot()
+        copies = env.fork()  # unpickled in the new worker, which cannot write the host's files
+    finally:
+        for each in (env, *copies):
+            each.close()
+    assert not canary.exists()
+
+
+@needs_bwrap
+def test_state_a_worker_cannot_copy_is_named():
+    env = sandboxed(PythonREPL, {}, "process")
+    try:
+        env.reset(task="t", answer="1")
+        call(env, "run", code="x = 41")  # a session process now runs
+        with pytest.raises(NotForkable, match=r"PythonREPL in a sandbox: .*cannot be copied"):
+            env.snapshot()
+        assert call(env, "run", code="print(x + 1)").strip().endswith("42")  # still usable
+    finally:
+        env.close()

@@ -54,3 +54,15 @@ def test_sharding_bench_runs_both_arms_on_two_processes():
     lines = done.stdout.strip().splitlines()
     assert lines[1].startswith("DDP: process 0") and lines[2].startswith("FSDP2: process 0")
     assert re.fullmatch(r"FSDP2/DDP peak growth [0-9.]+, speed [0-9.]+", lines[-1]), lines
+
+
+@pytest.mark.slow
+def test_forks_bench_runs_locally():
+    import subprocess
+
+    command = [sys.executable, str(BENCH / "forks.py"), "--backends", "local"]
+    done = subprocess.run(
+        [*command, "--forks", "3", "--megabytes", "1"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Wordle, local" in done.stdout and "fork     median" in done.stdout

@@ -56,10 +56,10 @@ def holder(where: str, megabytes: int):
 
     env = toolgym.sandbox.sandboxed(Keeper, {}, where)
     env.reset()
-    chunk = "x" * (2**20)
-    calls = [ToolCall("keep", {"text": chunk}) for _ in range(megabytes)]
+    chunk = "x" * 500_000  # under a call's argument limit (1,000,000 characters)
+    calls = [ToolCall("keep", {"text": chunk}) for _ in range(2 * megabytes)]
     for call in calls:
-        env.step(call)
+        assert not env.step(call).info["tool_failures"], "a call of the set-up failed"
     return env, calls
 
 

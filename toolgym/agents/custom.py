@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import copy
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -58,6 +59,17 @@ class Generation:
     """The model ended its turn (an end-of-turn or end-of-text token)."""
     last_token: int | None = None
     """The last sampled token id (which stop token ended the turn), None if none."""
+
+
+@dataclass(frozen=True)
+class EpisodeContext:
+    """Where an episode stands, for another to go on from (`RolloutContext.context`)."""
+
+    trajectory: Trajectory
+    view: list[dict[str, Any]] | None
+    first_prompt_length: int | None
+    carried: int
+    metrics: dict[str, float]
 
 
 class EpisodeEnd(Exception):
@@ -192,6 +204,33 @@ class RolloutContext(abc.ABC):
         the generations it took (what `max_turns` counts); failures end it."""
         self.trajectory = trajectory
         self.metrics["turns"] = float(turns)
+
+    def context(self) -> EpisodeContext:
+        """A copy of where the episode stands (its trajectory, the model's view, counters),
+        for another episode to go on from (`resume`), e.g. a branch of a tree rollout on a
+        fork of the environment."""
+        if self.trajectory is None:
+            raise RuntimeError("context() before start(): the episode has no trajectory yet")
+        return EpisodeContext(
+            copy.deepcopy(self.trajectory),
+            copy.deepcopy(self._view),
+            self.first_prompt_length,
+            self._carried,
+            dict(self.metrics),
+        )
+
+    def resume(self, context: EpisodeContext) -> Trajectory:
+        """Go on from `context` (another episode's, whose messages this one's row gave as its
+        prompt): its trajectory (a copy), view and counters become this episode's; returns the
+        trajectory. The next generation opens a new turn."""
+        trajectory = copy.deepcopy(context.trajectory)
+        self.trajectory, self._view = trajectory, copy.deepcopy(context.view)
+        self.first_prompt_length, self._carried = context.first_prompt_length, context.carried
+        for name, value in context.metrics.items():
+            if name in self.metrics:
+                self.metrics[name] = value
+        self._told, self._stepped = True, True
+        return trajectory
 
     @property
     def turns(self) -> int:

@@ -25,9 +25,19 @@ async def chat_rollout(ctx: RolloutContext, env: Any) -> Trajectory:
 
     Prefix-preserving templates make one sequence; others one sample per turn, each turn's
     prompt the template's rendering of the conversation so far (`TemplateProfile.per_turn`)."""
+    trajectory = ctx.start(tools=ctx.tools)
+    if not await chat_turns(ctx, trajectory, 0, ctx.limits.max_turns):
+        raise EpisodeEnd("max_turns")
+    return trajectory
+
+
+async def chat_turns(ctx: RolloutContext, trajectory: Trajectory, first: int, stop: int) -> bool:
+    """The chat loop's turns `first` to `stop - 1` on `trajectory` (turn `first` is the next
+    to generate); True once the episode ended (the model answered and the user is done),
+    False when turn `stop` is reached with the episode still open (a tree rollout branches
+    there: `toolgym.algorithms.tree_rollouts`). Other endings raise `EpisodeEnd`."""
     renderer, tools = ctx.renderer, ctx.tools
-    trajectory = ctx.start(tools=tools)
-    for turn in range(ctx.limits.max_turns):
+    for turn in range(first, stop):
         if renderer.profile.per_turn and turn > 0:
             ctx.next_turn(trajectory, tools)
         if turn > 0:
@@ -41,7 +51,7 @@ async def chat_rollout(ctx: RolloutContext, env: Any) -> Trajectory:
             if await ctx.user_turn(trajectory, parsed.content, generation.last_token):
                 continue  # the user spoke again: the model's next turn
             await ctx.final_answer(parsed.content)
-            return trajectory
+            return True
         step = await ctx.step(parsed.tool_calls, trajectory)
         if step.terminated:
             raise EpisodeEnd("finished" if step.info.get("answered") else "env_done")
@@ -63,7 +73,7 @@ async def chat_rollout(ctx: RolloutContext, env: Any) -> Trajectory:
             raise EpisodeEnd("env_error", f"the chat template cannot render: {error}") from error
         ctx.observe_ids(trajectory, suffix)
         trajectory.samples[-1].images.extend(images)
-    raise EpisodeEnd("max_turns")
+    return False
 
 
 async def inline_rollout(ctx: RolloutContext, env: Any) -> Trajectory:

@@ -211,6 +211,11 @@ class GRPOConfig:
     process only, for now. Off by default: what it pays on the flagship is not measured yet."""
     dynamic_sampling_rounds: int = 2
     """The most extra rounds one step plays for dynamic sampling."""
+    branch_at_turn: int = 0
+    """Play each group as a tree (`toolgym.algorithms.tree_rollouts`): one root plays this
+    many turns, then the environment is forked and every member of the group goes on from
+    there, so the members differ only after the branch point (their shared turns are not
+    trained). 0: independent episodes. One process, the chat protocol only."""
     credit: Literal["episode", "turn"] = "episode"
     """What each assistant turn's tokens are credited with: the episode's advantage
     ("episode"), or the turn's own (`toolgym.algorithms.turn_credit`: the reward that followed
@@ -357,6 +362,8 @@ class GRPOConfig:
             raise ValueError(f"unknown scale_rewards {self.scale_rewards!r}")
         if self.advantage not in ("grpo", "rloo"):
             raise ValueError(f"unknown advantage {self.advantage!r}")
+        if self.branch_at_turn < 0:
+            raise ValueError("branch_at_turn must be >= 0 (0: no tree rollouts)")
         if self.dynamic_sampling_rounds < 1:
             raise ValueError("dynamic_sampling_rounds must be at least 1")
         if self.credit not in ("episode", "turn"):

@@ -35,6 +35,7 @@ from toolgym.algorithms.rewards import (
     step_reward_total,
 )
 from toolgym.algorithms.sft import demonstrations
+from toolgym.algorithms.tree_rollouts import play_trees
 from toolgym.envs.calls import close_all
 from toolgym.runtime.stages import StageClock
 
@@ -91,6 +92,11 @@ class Sampler:
             raise ValueError(
                 "dynamic_sampling runs on one process for now (the groups it keeps would have "
                 "to move between processes); run one process or set dynamic_sampling=False"
+            )
+        if args.branch_at_turn and (process[1] > 1 or rollout_fn is not None):
+            raise ValueError(
+                "branch_at_turn (tree rollouts) runs on one process and with the chat protocol "
+                "(no rollout_fn of its own) for now"
             )
         self.agent, self.make_env, self.args = agent, make_env, args
         self.train_rows = list(train_rows)
@@ -171,12 +177,24 @@ class Sampler:
         try:  # the environments (sandboxes, containers) close on every path
             envs.extend(self.make_env(row, seeds[i]) for row, i in zip(mine, share, strict=True))
             with self.stages.stage("rollouts"):
-                trajectories = self.agent.run(
-                    envs, mine, [seeds[i] for i in share], rollout_fn=self.rollout_fn
-                )
+                played = envs
+                if self.args.branch_at_turn:  # groups as trees: forks replace the members
+                    trajectories, played = play_trees(
+                        self.agent,
+                        envs,
+                        mine,
+                        [seeds[i] for i in share],
+                        self.args.num_generations,
+                        self.args.branch_at_turn,
+                    )
+                    envs.extend(env for env in played if env not in envs)
+                else:
+                    trajectories = self.agent.run(
+                        envs, mine, [seeds[i] for i in share], rollout_fn=self.rollout_fn
+                    )
             finished = time.perf_counter()
             logs = RewardLogs()
-            sources = self._score(trajectories, mine, envs, self.trainer_state(step), logs)
+            sources = self._score(trajectories, mine, played, self.trainer_state(step), logs)
         finally:
             close_all(envs)
         return trajectories, sources, logs.metrics, finished

@@ -1,0 +1,123 @@
+"""Tree rollouts (issue 46 item 3): a group's first turns played once, the environment forked,
+each member going on from the branch point; token-exact, the shared turns masked, the
+members independent; a root that ends early gives an ordinary group; one GRPO step."""
+
+from __future__ import annotations
+
+import itertools
+
+from helpers import assert_token_exact, ids, tiny_grpo_args, trained_step
+
+import toolgym
+from toolgym.agents import Agent, AgentLimits, ScriptedEngine
+from toolgym.algorithms.tree_rollouts import Branch, play_trees
+from toolgym.testing import tiny_tokenizer
+
+CALL = '<tool_call>\n{{"name": "add", "arguments": {{"points": {points}}}}}\n</tool_call><|im_end|>'
+
+
+class Tally(toolgym.Environment):
+    """Points added by tool calls; the reward is the total."""
+
+    def reset(self, **row) -> str:
+        self.total = 0
+        return "Add points."
+
+    def add(self, points: int) -> int:
+        """Add points.
+
+        Args:
+            points: How many.
+        """
+        self.total += points
+        self.reward = float(self.total)
+        return self.total
+
+
+def engine_for(tokenizer, first: str):
+    """A policy whose reply depends on the calls made so far: `first` at the start, then one
+    of 2, 3, 5 points (each branch its own), then an answer."""
+    later = itertools.cycle([2, 3, 5])
+    seen: list[int] = []
+
+    def reply(prompt_ids):
+        made = tokenizer.decode(prompt_ids).count("<|im_start|>assistant") - 1  # turns so far
+        seen.append(made)
+        if made == 0:
+            return ids(tokenizer, first)
+        if made == 1:
+            return ids(tokenizer, CALL.format(points=next(later)))
+        return ids(tokenizer, "done<|im_end|>")
+
+    return ScriptedEngine(reply), seen
+
+
+def play(first: str, at_turn: int = 1, group: int = 3):
+    tokenizer = tiny_tokenizer()
+    engine, seen = engine_for(tokenizer, first)
+    agent = Agent(engine, tokenizer, parser="hermes", limits=AgentLimits(max_turns=4))
+    envs = [toolgym.as_environment(Tally()) for _ in range(group)]
+    rows = [{"prompt": []} for _ in range(group)]
+    trajectories, played = play_trees(agent, envs, rows, [7] * group, group, at_turn)
+    return agent, trajectories, played, seen
+
+
+def test_members_share_the_root_s_turns_token_for_token_and_go_on_alone():
+    agent, trajectories, played, seen = play(CALL.format(points=1))
+    try:
+        assert seen.count(0) == 1  # the first turn was generated once, for the root
+        assert sorted(t.reward for t in trajectories) == [3.0, 4.0, 6.0]
+        assert sorted(env.unwrapped.total for env in played) == [3, 4, 6]
+        assert all(isinstance(env, Branch) for env in played)
+        first = [t.samples[0] for t in trajectories]
+        shared = len(agent.tokenizer(CALL.format(points=1))["input_ids"])
+        for sample in first:
+            assert sample.prompt_ids == first[0].prompt_ids
+            assert sample.completion_ids[:shared] == first[0].completion_ids[:shared]
+            assert set(sample.loss_mask[:shared]) == {0}  # the shared turn: not trained here
+            assert 1 in sample.loss_mask[shared:]  # the member's own turns are
+        tools = played[0].tools
+        for trajectory in trajectories:
+            assert trajectory.status == "finished"
+            assert_token_exact(agent, trajectory, tools)
+            assert trajectory.metrics["tool_calls"] == 2  # the root's call counts in each
+    finally:
+        for env in played:
+            env.close()
+
+
+def test_a_root_that_ends_before_the_branch_point_gives_an_ordinary_group():
+    _, trajectories, played, seen = play("done<|im_end|>", at_turn=2)
+    assert seen.count(0) == 4  # the root, then each member from the start
+    assert not any(isinstance(env, Branch) for env in played)
+    assert [t.reward for t in trajectories] == [0.0, 0.0, 0.0]
+    assert all(1 in t.loss_mask for t in trajectories)
+
+
+def test_a_grpo_step_trains_the_members_after_the_branch_point(tmp_path):
+    from toolgym.algorithms import GRPOTrainer
+    from toolgym.testing import tiny_model
+
+    tokenizer = tiny_tokenizer()
+    engine, seen = engine_for(tokenizer, CALL.format(points=1))
+    engine.update_weights = lambda *args, **kwargs: None
+    args = tiny_grpo_args(
+        tmp_path,
+        num_generations=3,
+        micro_batch_size=3,
+        branch_at_turn=1,
+        limits={"max_turns": 4},
+    )
+    trainer = GRPOTrainer(
+        tiny_model(tokenizer),
+        Tally,
+        [{"prompt": []}],
+        args=args,
+        tokenizer=tokenizer,
+        engine=engine,
+    )
+    metrics, saved = trained_step(trainer, tmp_path)
+    assert seen.count(0) == 1 and sorted(t.reward for t in saved) == [3.0, 4.0, 6.0]
+    assert metrics["groups_without_signal"] == 0
+    shared = len(tokenizer(CALL.format(points=1))["input_ids"])
+    assert all(set(t.samples[0].loss_mask[:shared]) == {0} for t in saved)

@@ -1,0 +1,129 @@
+"""Tree rollouts: a group's first turns played once, then the episode forked.
+
+With `GRPOConfig.branch_at_turn = K`, each group of `num_generations` episodes is played as a
+tree. One root episode plays turns 1..K; the environment is then forked (`Stepper.fork`) and
+the episode's context copied (`RolloutContext.context`), and each of the group's members goes
+on from there on its own copy (`RolloutContext.resume`). The siblings share the first K
+turns token for token (the engine's prefix cache holds them once) and differ only in what
+follows, so their rewards compare what they did after the branch point.
+
+Training: the members are the group, each other's baseline, as in GRPO. The shared turns
+are in every member's trajectory with a loss mask of 0: within a tree the members'
+advantages sum to zero, so the prefix they share has nothing to learn from them.
+
+A root that ends before turn K (it answered, the environment ended, a failure) cannot
+branch: its group is played as independent episodes from the start instead. Only the chat
+tool-call protocol branches (an inline environment, or a `rollout_fn` of one's own, is
+refused when the trainer is built).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from toolgym.agents.custom import EpisodeContext, EpisodeEnd, RolloutContext
+from toolgym.agents.rollout_functions import chat_rollout, chat_turns
+from toolgym.agents.trajectory import Trajectory
+from toolgym.envs.stepping import Stepper
+
+Row = dict[str, Any]
+
+
+@dataclass
+class _Paused:
+    """A root stopped at the branch point: its first messages and its context."""
+
+    messages: list[dict[str, Any]]
+    context: EpisodeContext
+
+
+class Branch(Stepper):
+    """One member of a tree: a fork of the root's environment whose `reset` keeps the state
+    it was forked with (the episode goes on from the branch point)."""
+
+    def __init__(self, forked: Stepper, paused: _Paused, turn: int) -> None:
+        super().__init__(forked.executor)
+        self.state, self.forked = forked.state, forked
+        self.paused, self.branch_turn = paused, turn
+
+    def reset(self, seed: int | None = None, **row: Any) -> str | None:
+        """Nothing: the episode goes on from the fork (its first messages are the row's)."""
+        return None
+
+    def close(self) -> None:
+        self.forked.close()
+
+
+def play_trees(
+    agent: Any,
+    envs: Sequence[Stepper],
+    rows: Sequence[Row],
+    seeds: Sequence[int | None],
+    group: int,
+    at_turn: int,
+) -> tuple[list[Trajectory], list[Any]]:
+    """The episodes of `rows` (groups of `group` consecutive rows, each with its environment
+    in `envs`), each group a tree branching after `at_turn` turns; their trajectories in
+    order, and the environments that played them (forks replace the group's own, which the
+    caller closes; the caller closes the forks too)."""
+    if len(envs) % group or len(envs) != len(rows) or len(rows) != len(seeds):
+        raise ValueError("a tree rollout needs whole groups: one environment and seed per row")
+    paused: dict[int, _Paused] = {}
+
+    async def until_branch(ctx: RolloutContext, env: Any) -> Trajectory:
+        trajectory = ctx.start(tools=ctx.tools)
+        if await chat_turns(ctx, trajectory, 0, at_turn):
+            return trajectory  # ended before the branch point: no tree
+        paused[id(env)] = _Paused([dict(m) for m in ctx.messages], ctx.context())
+        ctx.reward = 0.0  # nothing is read of the environment at the branch point
+        return trajectory
+
+    roots = list(range(0, len(envs), group))
+    agent.run(
+        [envs[i] for i in roots],
+        [rows[i] for i in roots],
+        [seeds[i] for i in roots],
+        rollout_fn=until_branch,
+    )
+    played: list[Any] = list(envs)
+    try:
+        for root in roots:
+            state = paused.get(id(envs[root]))
+            if state is None or envs[root].done:
+                continue  # the group plays from the start, on its own environments
+            copies = envs[root].fork(group)
+            played[root : root + group] = [Branch(c, state, at_turn) for c in copies]
+        trajectories = agent.run(
+            played,
+            [_branch_row(row, env) for row, env in zip(rows, played, strict=True)],
+            list(seeds),
+            rollout_fn=_tree_member,
+        )
+    except BaseException:
+        for env in played:
+            if isinstance(env, Branch):
+                env.close()
+        raise
+    return trajectories, played
+
+
+def _branch_row(row: Row, env: Any) -> Row:
+    """A member's row: a branch's prompt is the root's first messages (its reset adds none)."""
+    if isinstance(env, Branch):
+        return {**row, "prompt": env.paused.messages}
+    return dict(row)
+
+
+async def _tree_member(ctx: RolloutContext, env: Any) -> Trajectory:
+    """A branch goes on from the root's context, its shared turns masked; any other member
+    plays the chat loop from the start."""
+    if not isinstance(env, Branch):
+        return await chat_rollout(ctx, env)
+    trajectory = ctx.resume(env.paused.context)
+    for sample in trajectory.samples:  # the shared turns: not this member's to train
+        sample.loss_mask = [0] * len(sample.loss_mask)
+    if not await chat_turns(ctx, trajectory, env.branch_turn, ctx.limits.max_turns):
+        raise EpisodeEnd("max_turns")
+    return trajectory

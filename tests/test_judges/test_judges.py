@@ -112,6 +112,16 @@ def test_at_most_max_concurrency_calls_run_at_once():
     assert client.calls == 6 and client.most_live == 2
 
 
+def test_many_calls_waiting_for_a_slot_never_starve_an_engine_judge_of_threads():
+    """Waiting calls hold no thread: an engine's generate runs on the loop's thread pool (a
+    few threads on a small machine), and 40 episodes wait for 2 slots."""
+    tokenizer = tiny_tokenizer()
+    engine = ScriptedEngine([ids(tokenizer, "correct: 10\nbrief: 10<|im_end|>")])
+    judge = Judge(EngineClient(engine, tokenizer), RUBRIC, max_concurrency=2, cache=False)
+    values = asyncio.run(judge([episode(f"Paris {k}") for k in range(40)]))
+    assert values == [1.0] * 40 and judge.calls == 40
+
+
 def test_the_bound_holds_across_batches_judged_at_once():
     """Pipelined steps judge their batches on event loops of their own, in other threads."""
     import threading

@@ -223,7 +223,8 @@ class Judge:
         """One call to the judge's model, in one of the judge's `max_concurrency` slots (shared
         by every batch it judges at once: pipelined steps run on loops of their own), under
         the timeout."""
-        await asyncio.to_thread(self._slots.acquire)
+        while not self._slots.acquire(blocking=False):  # polled: a waiting call holds no
+            await asyncio.sleep(0.01)  # thread (the clients run on the loop's thread pool)
         try:
             self.calls += 1
             return await within(

@@ -70,6 +70,8 @@ def play_trees(
     caller closes; the caller closes the forks too)."""
     if len(envs) % group or len(envs) != len(rows) or len(rows) != len(seeds):
         raise ValueError("a tree rollout needs whole groups: one environment and seed per row")
+    if not all(isinstance(env, Stepper) for env in envs):
+        raise TypeError("a tree rollout forks stepped environments (toolgym.make, as_environment)")
     paused: dict[int, _Paused] = {}
 
     async def until_branch(ctx: RolloutContext, env: Any) -> Trajectory:

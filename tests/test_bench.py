@@ -66,3 +66,15 @@ def test_forks_bench_runs_locally():
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Wordle, local" in done.stdout and "fork     median" in done.stdout
+
+
+@pytest.mark.slow
+def test_tree_rollouts_bench_runs_both_arms():
+    import subprocess
+
+    command = [sys.executable, str(BENCH / "tree_rollouts.py"), "--tiny", "--groups", "2"]
+    done = subprocess.run(
+        [*command, "--generations", "2", "--at-turn", "1"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "independent " in done.stdout and "tree / independent:" in done.stdout

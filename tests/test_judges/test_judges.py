@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 
 import pytest
 from helpers import ids, tiny_grpo_args, trained_step
@@ -39,16 +40,19 @@ class Scripted:
     def __init__(self, answer, delay: float = 0.0) -> None:
         self.answer, self.delay, self.name = answer, delay, "scripted"
         self.calls, self.live, self.most_live = 0, 0, 0
+        self.lock = threading.Lock()  # batches may be judged from several threads
 
     async def complete(self, messages):
-        self.calls += 1
-        self.live += 1
-        self.most_live = max(self.most_live, self.live)
+        with self.lock:
+            self.calls += 1
+            self.live += 1
+            self.most_live = max(self.most_live, self.live)
         try:
             await asyncio.sleep(self.delay)
             return self.answer(messages)
         finally:
-            self.live -= 1
+            with self.lock:
+                self.live -= 1
 
 
 def episode(answer: str, task: str = "What is the capital of France?") -> Trajectory:
@@ -124,8 +128,6 @@ def test_many_calls_waiting_for_a_slot_never_starve_an_engine_judge_of_threads()
 
 def test_the_bound_holds_across_batches_judged_at_once():
     """Pipelined steps judge their batches on event loops of their own, in other threads."""
-    import threading
-
     client = Scripted(graded, delay=0.05)
     judge = Judge(client, RUBRIC, max_concurrency=2, cache=False)
     batches = [[episode(f"Paris {b}-{k}") for k in range(4)] for b in range(2)]

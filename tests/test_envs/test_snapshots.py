@@ -146,13 +146,13 @@ def test_snapshot_before_reset_and_fork_of_zero_are_refused():
         env.fork(0)
 
 
-def test_where_the_environment_lives_elsewhere_the_refusal_says_so():
-    from toolgym.sandbox.remote import RemoteExecutor
-
-    executor = RemoteExecutor.__new__(RemoteExecutor)
-    with pytest.raises(NotForkable, match=r"sandboxed instance .* another process"):
-        executor.snapshot()
+def test_a_server_s_environment_refuses_with_the_reason():
+    """MCP and OpenEnv servers offer no snapshot (sandboxed environments do fork:
+    tests/test_sandbox/test_sandbox_snapshots.py)."""
     from toolgym.adapters.mcp import MCPExecutor
+    from toolgym.adapters.openenv import OpenEnvExecutor
 
     with pytest.raises(NotForkable, match="MCP server offers no snapshot"):
         MCPExecutor.__new__(MCPExecutor).fork()
+    with pytest.raises(NotForkable, match="OpenEnv server offers no snapshot"):
+        OpenEnvExecutor.__new__(OpenEnvExecutor).snapshot()

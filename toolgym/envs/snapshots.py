@@ -51,6 +51,7 @@ class Snapshot:
 
 
 def class_name(cls: type) -> str:
+    """`module.QualName`: which class a snapshot may restore into."""
     return f"{cls.__module__}.{cls.__qualname__}"
 
 

@@ -106,6 +106,9 @@ class BFCLCase(Environment):
 
     classes: tuple[str, ...] = ()
     """The BFCL classes whose methods this subclass offers as tools."""
+    reward_per_step = False
+    """The reward is BFCL's checker re-executing the whole episode: read once, when it ends,
+    not around every step."""
     strict_arguments = True
     """Arguments reach the methods as the call holds them, as BFCL's own executor passes
     them (its ground truth sends `ticket_id='ticket_001'` where the hint says `int`)."""

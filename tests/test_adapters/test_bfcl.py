@@ -162,3 +162,14 @@ def test_toolgym_eval_plays_bfcl_cases_end_to_end(tmp_path, capsys):
     assert [t.row["id"] for t in episodes] == ["multi_turn_base_0", "multi_turn_base_1"]
     assert all(t.reward == 0.0 and t.status != "env_error" for t in episodes)
     assert "bfcl/multi_turn_base" in capsys.readouterr().out
+
+
+def test_a_mixture_builds_a_per_row_member_from_its_row(rows):
+    from toolgym.algorithms import EnvMixture
+
+    with bfcl_on_path():
+        mixture = EnvMixture({"bfcl": "bfcl/multi_turn_base", "wordle": "Wordle-v0"})
+        row = {**toolgym.spec("bfcl/multi_turn_base").dataset(1)[0], "env": "bfcl"}
+        env = mixture(row, 0)
+        assert env.reset(**row) == rows[0]["question"][0][0]["content"]
+        assert mixture({"env": "wordle"}, 0).tools[0]["function"]["name"] == "guess"

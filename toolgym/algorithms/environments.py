@@ -79,9 +79,8 @@ class EnvMixture:
             raise ValueError(f"{name!r} is not among the environments ({', '.join(envs)})")
         if any(w < 0 for w in weights.values()) or not any(weights.values()):
             raise ValueError("EnvMixture weights must be non-negative, not all zero")
-        self.factories = {
-            str(name): toolgym.env_factory(target, kwargs.get(name), sandbox)
-            for name, target in envs.items()
+        self.factories: dict[str, EpisodeFactory] = {
+            str(name): _member(target, kwargs.get(name), sandbox) for name, target in envs.items()
         }
         self.weights = [float(weights.get(name, 0.0)) for name in self.factories]
 
@@ -101,7 +100,17 @@ class EnvMixture:
         """A new environment for this row's episode (the row's `env` is set to its name)."""
         name = self.name_for(row, seed)
         row[ENV_COLUMN] = name  # the trajectory's row says which one played
-        return self.factories[name]()
+        return self.factories[name](row, seed)
+
+
+def _member(target: Any, kwargs: dict[str, Any] | None, sandbox: Any) -> EpisodeFactory:
+    """One environment of a mixture as an `EpisodeFactory` (an id built per row gets its
+    row; the others are made alike for every row)."""
+    if isinstance(target, str) and toolgym.spec(target).per_row:
+        if sandbox not in (None, "local"):
+            raise ValueError(f"{target} builds its environment per row, in this process only")
+        return ForEachRow(target, dict(kwargs or {}))
+    return EveryRow(toolgym.env_factory(target, kwargs, sandbox))
 
 
 def episode_factory(

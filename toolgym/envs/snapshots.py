@@ -1,7 +1,7 @@
-"""Snapshots and forks of a live environment, in this process.
+"""Snapshots and forks of a live environment (in this process or in a sandbox worker).
 
-`Stepper.snapshot()` returns a `Snapshot`: the environment's state, the episode's
-(`EpisodeState`: turns, answer, failure, reward read) and the executor's own; `restore(snap)`
+`Stepper.snapshot()` returns a `Snapshot`: the environment's state and the executor's flags,
+and the episode's (`EpisodeState`: turns, answer, failure, reward read); `restore(snap)`
 goes back to it; `fork(n)` gives n independent live copies, each a `Stepper` of its own. A
 group can then start from one mid-episode state and differ only in what follows.
 
@@ -39,15 +39,15 @@ class Snapshot:
     Attributes:
         target: The environment's class, `module.QualName` (a snapshot restores only into an
             instance of the same class).
-        environment: The environment's state (its hooks' value, or its attributes copied).
+        environment: What the executor keeps of the episode: the environment's state (its
+            hooks' value, or its attributes copied; a sandbox worker's pickle of it) and the
+            executor's own flags.
         episode: The episode's state (`toolgym.envs.episode_state.EpisodeState`, a copy).
-        executor: What the executor itself keeps of the episode.
     """
 
     target: str
     environment: Any
     episode: Any
-    executor: dict[str, Any]
 
 
 def class_name(cls: type) -> str:

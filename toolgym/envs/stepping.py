@@ -477,10 +477,7 @@ class Stepper:
         cannot be copied."""
         self._require_started("snapshot")
         return Snapshot(
-            class_name(self.executor.target),
-            self.executor.snapshot(),
-            deepcopy(self.state),
-            {},
+            class_name(self.executor.target), self.executor.snapshot(), deepcopy(self.state)
         )
 
     def restore(self, snapshot: Snapshot) -> None:

@@ -17,6 +17,12 @@ and the ground truth's calls per turn. Here each case is one episode:
   (`_load_scenario` of its part of `initial_config`).
 - **User turns**: the episode starts with the first turn's message; each answer without a
   tool call hands the model the next turn (`Environment.user_turn`), until the last.
+- **Categories**: `multi_turn_base`; `multi_turn_long_context` (the classes' states loaded
+  with BFCL's long-context padding); `multi_turn_miss_param` (a turn lacks what its calls
+  need: the answer asks, the next turn tells); `multi_turn_miss_func` (some methods are held
+  back: they are not tools until their turn, whose message is BFCL's "I have updated some
+  more functions" after their JSON schemas, as BFCL shows prompting models; from then on the
+  episode's instance carries them as tools).
 - **Reward**: 1.0 where BFCL's `multi_turn_checker` finds the episode valid (after each turn
   the state of every instance, and the calls' results, as the ground truth's), else 0.0, the
   checker's error type kept in `check`. The checker re-executes the episode's calls itself, as
@@ -34,15 +40,21 @@ import functools
 import importlib
 import inspect
 import json
+import types
 import uuid
 from pathlib import Path
 from typing import Any
 
 from toolgym.envs.core import Environment
+from toolgym.envs.tools import instance_tools
 
-CATEGORIES = ("multi_turn_base",)
-"""The categories whose cases play as written (the others hold functions or parameters back
-from some turns, which these episodes do not stage yet)."""
+CATEGORIES = (
+    "multi_turn_base",
+    "multi_turn_long_context",
+    "multi_turn_miss_param",
+    "multi_turn_miss_func",
+)
+"""BFCL's multi-turn categories (all that `bfcl-eval` ships; its `composite` has no data)."""
 
 
 def bfcl_package() -> Any:
@@ -57,8 +69,9 @@ def bfcl_package() -> Any:
 
 def bfcl_rows(category: str = "multi_turn_base", n: int | None = None) -> list[dict[str, Any]]:
     """The category's test cases as rows (`id`, `question`, `initial_config`,
-    `involved_classes`, `excluded_function`, `ground_truth`, and an empty `prompt`: the
-    episode's first message is the first user turn), read from the installed package."""
+    `involved_classes`, `excluded_function`, `ground_truth`, `missed_function` in
+    `multi_turn_miss_func`, and an empty `prompt`: the episode's first message is the first
+    user turn), read from the installed package."""
     if category not in CATEGORIES:
         raise ValueError(f"BFCL category {category!r}: one of {', '.join(CATEGORIES)}")
     data = Path(bfcl_package().__file__).parent / "data"
@@ -76,10 +89,16 @@ def bfcl_dataset(
 ) -> list[dict[str, Any]]:
     """The registered ids' dataset builder: the category's first `n` cases in BFCL's order
     (`seed` changes nothing: the leaderboard's cases are fixed), each case's `initial_config`
-    as JSON text (its classes' states differ in shape from case to case, which a table's
-    columns would merge)."""
+    and `missed_function` as JSON text (their shapes differ from case to case, which a
+    table's columns would merge)."""
     rows = bfcl_rows(category, n)
-    return [{**row, "initial_config": json.dumps(row["initial_config"])} for row in rows]
+    return [
+        {key: json.dumps(value) if key in _JSON_COLUMNS else value for key, value in row.items()}
+        for row in rows
+    ]
+
+
+_JSON_COLUMNS = ("initial_config", "missed_function")
 
 
 def register_categories(register: Any) -> None:
@@ -119,6 +138,7 @@ class BFCLCase(Environment):
         question: list[list[dict[str, str]]] | None = None,
         initial_config: dict[str, Any] | str | None = None,
         ground_truth: list[list[str]] | None = None,
+        missed_function: dict[str, list[str]] | str | None = None,
         **row: Any,
     ) -> str:
         from bfcl_eval.constants.executable_backend_config import (
@@ -126,9 +146,13 @@ class BFCLCase(Environment):
             STATELESS_CLASSES,
         )
 
-        config: dict[str, Any] = (  # a dataset's column holds it as JSON text
-            json.loads(initial_config) if isinstance(initial_config, str) else initial_config or {}
-        )
+        config: dict[str, Any] = _unpacked(initial_config)
+        self.held_back: dict[int, list[str]] = {
+            int(turn): names for turn, names in _unpacked(missed_function).items()
+        }
+        """Per turn index, the methods that become tools at that turn (`multi_turn_miss_func`)."""
+        self.category = id.rsplit("_", 1)[0]
+        long_context = "long_context" in self.category  # as BFCL's handlers and checker read it
         self.case = {
             "id": id,
             "initial_config": config,
@@ -143,7 +167,7 @@ class BFCLCase(Environment):
             instance = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[name]), name)()
             if name not in STATELESS_CLASSES:
                 state = json.loads(json.dumps(config.get(name, {})))  # a copy of its own
-                instance._load_scenario(state, long_context=False)
+                instance._load_scenario(state, long_context=long_context)
             self.instances[name] = instance
         self.turn = 0
         self.calls: list[list[list[str]]] = [[] for _ in self.turns]
@@ -158,7 +182,23 @@ class BFCLCase(Environment):
             self.finished = True
             return None
         self.turn += 1
+        if self.turn in self.held_back:
+            return self._hand_over(self.held_back[self.turn])
         return _user_text(self.turns[self.turn])
+
+    def _hand_over(self, names: list[str]) -> str:
+        """Make the held-back methods `names` tools of this episode's instance (bound on it,
+        so only from now on) and tell the model of them as BFCL tells prompting models."""
+        from bfcl_eval.constants.default_prompts import (
+            DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING,
+        )
+
+        for name in names:
+            owner, function = _method(self.classes, name)
+            setattr(self, name, types.MethodType(_tool(owner, name, function), self))
+        table = instance_tools(self)
+        schemas = json.dumps([table[name].schema["function"] for name in names])
+        return DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_PROMPTING.format(functions=schemas)
 
     def get_reward(self) -> float:
         """1.0 where BFCL's checker finds the calls so far valid (`check` keeps its verdict);
@@ -180,6 +220,22 @@ class BFCLCase(Environment):
         self.calls[self.turn].append([f"{name}({text})"])
 
 
+def _unpacked(value: Any) -> dict[str, Any]:
+    """A row's mapping, which a dataset's column holds as JSON text."""
+    return json.loads(value) if isinstance(value, str) else dict(value or {})
+
+
+def _method(classes: tuple[str, ...], name: str) -> tuple[str, Any]:
+    """The BFCL class among `classes` that defines the method `name`, and the function."""
+    from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPING
+
+    for owner in classes:
+        cls = getattr(importlib.import_module(CLASS_FILE_PATH_MAPPING[owner]), owner)
+        if callable(getattr(cls, name, None)) and not name.startswith("_"):
+            return owner, getattr(cls, name)
+    raise ValueError(f"BFCL: no class of {', '.join(classes)} has a method {name!r}")
+
+
 def _user_text(turn: list[dict[str, str]]) -> str:
     return "\n\n".join(str(message.get("content", "")) for message in turn)
 
@@ -194,7 +250,8 @@ def _checked(
 
     model = f"toolgym_{uuid.uuid4().hex}"
     try:
-        result = multi_turn_checker(calls, truth, case, "multi_turn_base", model)
+        category = case["id"].rsplit("_", 1)[0]  # BFCL's checker reads it from the id too
+        result = multi_turn_checker(calls, truth, case, category, model)
     finally:
         for key in [k for k in vars(multi_turn_utils) if k.startswith(model)]:
             delattr(multi_turn_utils, key)
@@ -232,6 +289,9 @@ def _tool(owner: str, method: str, function: Any) -> Any:
 
 def bfcl_environment(row: dict[str, Any], seed: int | None = None) -> BFCLCase:
     """An episode's environment for a `bfcl_rows` row (an `EpisodeFactory`; the entry point
-    of the registered `bfcl/<category>` ids, built per row)."""
-    cls = bfcl_case_class(tuple(row["involved_classes"]), tuple(row.get("excluded_function") or ()))
-    return cls()
+    of the registered `bfcl/<category>` ids, built per row). The methods a
+    `multi_turn_miss_func` case holds back are left out of the class's tools; the episode
+    binds them at their turn."""
+    held_back = [name for names in _unpacked(row.get("missed_function")).values() for name in names]
+    excluded = sorted({*(row.get("excluded_function") or ()), *held_back})
+    return bfcl_case_class(tuple(row["involved_classes"]), tuple(excluded))()

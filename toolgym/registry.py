@@ -37,6 +37,7 @@ _ID_PATTERN = re.compile(r"^(?:(?P<namespace>[\w-]+)/)?(?P<name>[\w.-]+?)(?:-v(?
 LAZY_NAMESPACES = {
     "reasoning-gym": "toolgym.builtin_envs.reasoning_gym:register_tasks",
     "bfcl": "toolgym.adapters.bfcl:register_categories",
+    "textarena": "toolgym.adapters.textarena:register_games",
 }
 """Namespaces of an optional package's tasks, registered while none of their ids is, the first
 time one is asked for or ids are listed (so `import toolgym` does not import the package): the

@@ -44,5 +44,11 @@ fi
 if [ ! -d .bench/site/bfcl_eval ]; then
     "${pip[@]}" --no-deps --target .bench/site "bfcl-eval==2026.3.23"
 fi
+# verifiers, beside the project as TRL is: tests/test_agents/test_verifiers_envs.py plays its
+# environments unchanged (--no-deps, with what its import needs: tests/verifiers_site.py).
+if [ ! -d .bench/site/verifiers ]; then
+    "${pip[@]}" --no-deps --target .bench/site $("$VENV/bin/python" -c \
+        'import sys; sys.path.insert(0, "tests"); import verifiers_site; print(*verifiers_site.PACKAGES)')
+fi
 touch "$stamp"
 echo "toolgym installed in $VENV"

@@ -315,3 +315,49 @@ class Keeper(toolgym.Environment):
         """
         self.kept.append(Touches(path))
         return "planted"
+
+
+class Scratchpad(toolgym.Environment):
+    """An environment whose tools touch the worker itself, as a model's code could: files in
+    its /tmp, a descriptor number kept in its state (for the fork attacks)."""
+
+    def reset(self, **row) -> str:
+        self.fd = -1
+        return "ready"
+
+    def write(self, file: str, text: str) -> str:
+        """Write a file in the worker's /tmp.
+
+        Args:
+            file: The file's name.
+            text: Its text.
+        """
+        Path("/tmp", file).write_text(text)
+        return "written"
+
+    def read(self, file: str) -> str:
+        """Read a file of the worker's /tmp.
+
+        Args:
+            file: The file's name.
+        """
+        try:
+            return Path("/tmp", file).read_text()
+        except OSError as error:
+            return f"unreadable: {type(error).__name__}"
+
+    def hold(self, file: str) -> int:
+        """Open a file of the worker's /tmp and keep its descriptor's number in the state.
+
+        Args:
+            file: The file's name.
+        """
+        self.fd = os.open(Path("/tmp", file), os.O_RDONLY)
+        return self.fd
+
+    def read_held(self) -> str:
+        """Read through the kept descriptor number (pread: a pipe or socket there refuses)."""
+        try:
+            return os.pread(self.fd, 200, 0).decode(errors="replace")
+        except OSError as error:
+            return f"unreadable: {type(error).__name__}"

@@ -9,7 +9,7 @@ import os
 import shutil
 
 import pytest
-from sandbox_envs import Keeper
+from sandbox_envs import Keeper, Scratchpad
 
 import toolgym
 from toolgym.builtin_envs.python_repl import PythonREPL
@@ -94,3 +94,32 @@ def test_state_a_worker_cannot_copy_is_named():
         assert call(env, "run", code="print(x + 1)").strip().endswith("42")  # still usable
     finally:
         env.close()
+
+
+@pytest.mark.parametrize("where", BACKENDS)
+def test_a_fork_shares_no_files_descriptors_or_identity_with_its_source(where):
+    """The fork attacks: what the source's tools (a model's code, in a REPL) left in its
+    worker does not reach a fork, and what a fork does does not reach its source. The fork's
+    /tmp is its own and fresh (a file the source wrote is not there, one the fork writes is
+    not the source's); a descriptor number kept in the state names nothing of the source's in
+    the fork; each worker has its own channel and, on a root host, its own host identity."""
+    env = sandboxed(Scratchpad, {}, where)
+    copies = []
+    try:
+        env.reset()
+        assert call(env, "write", file="secret", text="the source's secret") == "written"
+        assert int(call(env, "hold", file="secret")) > 2
+        assert call(env, "read_held") == "the source's secret"
+        (fork,) = copies = env.fork(1)
+        assert call(fork, "read", file="secret").startswith("unreadable")
+        assert "secret" not in call(fork, "read_held")  # the number, not the source's file
+        assert call(fork, "write", file="planted", text="from the fork") == "written"
+        assert call(env, "read", file="planted").startswith("unreadable")
+        assert call(env, "read_held") == "the source's secret"  # the source's own file is intact
+        assert fork.executor.channel is not env.executor.channel
+        if os.geteuid() == 0:
+            assert fork.isolation.user != env.isolation.user
+    finally:
+        for each in (env, *copies):
+            each.close()
+    assert not any(each.alive for each in (env, *copies))

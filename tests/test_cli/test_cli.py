@@ -436,6 +436,73 @@ def test_eval_rollouts_report_resume_and_compare(echo, model_folder, tmp_path, c
     assert main(["eval", *common, "--rollouts", "0"]) == 2
 
 
+TALK_ENV = """
+import toolgym
+
+
+class Talk(toolgym.Environment):
+    def reset(self, **row):
+        self.reward = 0.0
+
+    def user_turn(self, answer):
+        self.reward = float(len(answer) % 2)  # what the last answer was: varies by branch
+        return "Go on."
+
+    def say(self, word: str) -> str:
+        \"\"\"Say a word.
+
+        Args:
+            word: The word.
+        \"\"\"
+        return word
+"""
+
+
+def test_eval_searches_from_a_forked_state(monkeypatch, tmp_path, capsys):
+    """`--fork-at-turn 1 --rollouts 3`: each row is played one turn once, then forked; the
+    three rollouts share that turn token for token and go on on their own (the model: a
+    script whose answers differ call by call, so the branches do)."""
+    from toolgym.agents import Agent, AgentLimits, ScriptedEngine
+    from toolgym.cli import evaluate as evaluate_command
+    from toolgym.testing import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    answers = [
+        tokenizer.encode(f"{'x' * n}<|im_end|>", add_special_tokens=False) for n in (1, 2, 3, 4)
+    ]
+    engine = ScriptedEngine(answers, context_length=4096)
+
+    def scripted_agent(args):
+        return Agent(engine, tokenizer, limits=AgentLimits(max_turns=args.max_turns))
+
+    monkeypatch.setattr(evaluate_command, "build_agent", scripted_agent)
+    env_file = tmp_path / "talk_env.py"
+    env_file.write_text(TALK_ENV)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"Talk {i}."}) + "\n" for i in range(2)))
+    common = [f"{env_file}:Talk", "--dataset", str(rows), "--model", "scripted", "--max-turns", "3"]
+    output, report = tmp_path / "search.jsonl", tmp_path / "search.json"
+    args = [*common, "--rollouts", "3", "--fork-at-turn", "1", "--concurrency", "4"]
+    assert main(["eval", *args, "--output", str(output), "--report", str(report)]) == 0
+    assert "2 rows x 3 rollouts" in capsys.readouterr().out
+    episodes = load_jsonl(output)
+    assert len(episodes) == 6 and all(t.metrics["eval_branched"] == 1.0 for t in episodes)
+    for row in range(2):
+        tree = [t for t in episodes if t.metrics["eval_row"] == row]
+        assert len({t.messages[1]["content"] for t in tree}) == 1  # the root's turn, shared
+        assert len({t.messages[3]["content"] for t in tree}) > 1  # the branches' own turns
+        assert all(t.status == "max_turns" and len(t.messages) == 7 for t in tree)
+        for t in tree:  # the shared turn ("x", then the user's "Go on.") is masked in each
+            sampled = [c for c, m in zip(t.completion_ids, t.loss_mask, strict=True) if m]
+            own = t.messages[3]["content"] + "<|im_end|>" + t.messages[5]["content"]
+            assert tokenizer.decode(sampled) == own + "<|im_end|>"
+    written = json.loads(report.read_text())
+    assert written["settings"]["fork_at_turn"] == 1
+    assert set(written["pass_at_k"]) == {"1", "2", "3"}
+    assert main(["eval", *common, "--fork-at-turn", "1"]) == 2  # one rollout: nothing to search
+    assert "--rollouts of at least 2" in capsys.readouterr().err
+
+
 # -- train -----------------------------------------------------------------------------------
 def _tiny_train_args(env_file: Path, rows: Path, model: Path, output: Path) -> list[str]:
     return [

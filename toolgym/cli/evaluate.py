@@ -1,6 +1,12 @@
 """`toolgym eval`: rows played `--rollouts` times each on any engine, their summary, pass@k
 and mean@k with standard errors (`--report`), resumable from its output file, and the paired
-comparison of two reports (`--compare`)."""
+comparison of two reports (`--compare`).
+
+With `--fork-at-turn K`, a row's rollouts are a search from one state: the row is played once
+for K turns, its environment forked and its context copied (`toolgym.algorithms.tree_rollouts`),
+and each rollout goes on from there, so pass@k says how often some continuation from that
+state succeeds. A row whose episode ended before turn K plays its rollouts from the start
+(`eval_branched` 0 in its episodes' metrics)."""
 
 from __future__ import annotations
 
@@ -34,6 +40,8 @@ def evaluate(args: argparse.Namespace) -> int:
         raise CLIError("ENV is required (or --compare BASE.json NEW.json)")
     if args.rollouts < 1 or args.concurrency < 1:
         raise CLIError("--rollouts and --concurrency must be at least 1")
+    if args.fork_at_turn is not None and (args.fork_at_turn < 1 or args.rollouts < 2):
+        raise CLIError("--fork-at-turn K needs K >= 1 and --rollouts of at least 2 (the branches)")
     from tqdm.auto import tqdm
 
     escape_log_output()
@@ -45,19 +53,27 @@ def evaluate(args: argparse.Namespace) -> int:
     if args.output and not args.resume:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text("")
+    if args.fork_at_turn is not None:  # a tree is played whole: a row partly done again
+        complete = {
+            r for r in range(len(rows)) if all((r, j) in done for j in range(args.rollouts))
+        }
+        done = {key: t for key, t in done.items() if key[0] in complete}
     todo = [
         (row, rollout)
         for row in range(len(rows))
         for rollout in range(args.rollouts)
         if (row, rollout) not in done
     ]
+    per_chunk = args.concurrency
+    if args.fork_at_turn is not None:  # whole trees per chunk
+        per_chunk = max(1, args.concurrency // args.rollouts) * args.rollouts
     if todo:
         _seed_sampling(args.seed)
         agent = build_agent(args)
         desc = terminal_text(f"eval {args.env}")
         with tqdm(total=len(todo), desc=desc, unit="episode") as bar:
-            for start in range(0, len(todo), args.concurrency):
-                chunk = todo[start : start + args.concurrency]
+            for start in range(0, len(todo), per_chunk):
+                chunk = todo[start : start + per_chunk]
                 done.update(_play(args, agent, env_spec, rows, chunk, bar.update))
         close = getattr(agent.engine, "close", None)
         if callable(close):
@@ -94,21 +110,41 @@ def _play(
     `--output` as soon as the chunk ends."""
     played, seeds = [rows[row] for row, _ in chunk], [args.seed + row for row, _ in chunk]
     envs = make_envs(args, env_spec, played, seeds)
+    branched: list[Any] = []
     try:
-        trajectories = agent.run(
-            envs,
-            played,
-            seeds=seeds,
-            on_episode_end=lambda _: tick(),
-        )
+        if args.fork_at_turn is None:
+            trajectories = agent.run(envs, played, seeds=seeds, on_episode_end=lambda _: tick())
+        else:
+            trajectories, branched = _search(args, agent, envs, played, seeds)
+            tick(len(trajectories))
     finally:
-        for env in envs:
+        for env in [*envs, *(e for e in branched if e not in envs)]:
             env.close()
     for (row, rollout), trajectory in zip(chunk, trajectories, strict=True):
         trajectory.metrics["eval_row"], trajectory.metrics["eval_rollout"] = row, rollout
     if args.output:
         save_jsonl(trajectories, args.output, append=True)
     return dict(zip(chunk, trajectories, strict=True))
+
+
+def _search(
+    args: argparse.Namespace,
+    agent: Any,
+    envs: list[Any],
+    rows: list[dict[str, Any]],
+    seeds: list[int],
+) -> tuple[list[Trajectory], list[Any]]:
+    """Each row's rollouts as a tree branching after `--fork-at-turn` turns; the trajectories
+    (`eval_branched`: 1 where the rollout went on from the fork) and the environments that
+    played them."""
+    from toolgym.algorithms.tree_rollouts import Branch, play_trees
+
+    trajectories, played = play_trees(
+        agent, envs, rows, seeds, group=args.rollouts, at_turn=args.fork_at_turn
+    )
+    for trajectory, env in zip(trajectories, played, strict=True):
+        trajectory.metrics["eval_branched"] = float(isinstance(env, Branch))
+    return trajectories, played
 
 
 def _resumed(
@@ -161,6 +197,7 @@ def _settings(args: argparse.Namespace, played: int) -> dict[str, Any]:
         "max_turns": args.max_turns,
         "max_new_tokens": args.max_new_tokens,
         "max_episode_tokens": args.max_episode_tokens,
+        "fork_at_turn": args.fork_at_turn,
         "episodes_played_now": played,
     }
 
@@ -191,6 +228,13 @@ def add_eval_command(commands: Any) -> None:
     parser.add_argument("-n", type=int, default=8, help="rows (tasks)")
     parser.add_argument(
         "--rollouts", type=int, default=1, help="episodes per row (pass@k and mean@k over them)"
+    )
+    parser.add_argument(
+        "--fork-at-turn",
+        type=int,
+        metavar="K",
+        help="search: play each row K turns once, fork it, and play its --rollouts from there "
+        "(pass@k over continuations of one state)",
     )
     parser.add_argument("--concurrency", type=int, default=32, help="episodes in flight at once")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")

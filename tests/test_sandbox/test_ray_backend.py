@@ -381,6 +381,37 @@ def test_a_hung_tool_times_out_within_its_own_timeout(cluster, node_b):
         env.close()
 
 
+def test_a_snapshot_forks_into_new_actors_and_moves_to_another_node(cluster, node_b):
+    """Issue 46 item 2 on Ray: a fork is a new actor (its own inner sandbox), and a snapshot
+    taken on one node restores into an environment on another (the worker's pickle travels
+    opaque through the host)."""
+    from sandbox_envs import Keeper
+
+    small = {"num_cpus": 0.5}  # three actors on a node of two CPUs
+    on_b = sandboxed(Keeper, {}, _with_test_envs(resources={"b": 1, **small}))
+    on_a = sandboxed(Keeper, {}, _with_test_envs(resources={"a": 1, **small}))
+    copies = []
+    try:
+        on_b.reset(seed=0)
+        on_a.reset(seed=0)
+        assert on_b.step(toolgym.ToolCall("keep", {"text": "x"})).messages[0]["content"] == "1"
+        snapshot = on_b.snapshot()
+        copies = on_b.fork(2)
+        actors = {e.isolation.actor for e in (on_b, *copies)}
+        assert len(actors) == 3 and all(
+            e.isolation.node_id == on_b.isolation.node_id for e in copies
+        )
+        for copy in copies:
+            assert copy.step(toolgym.ToolCall("keep", {"text": "y"})).messages[0]["content"] == "2"
+        assert on_a.isolation.node_id != on_b.isolation.node_id
+        on_a.restore(snapshot)
+        assert on_a.step(toolgym.ToolCall("keep", {"text": "z"})).messages[0]["content"] == "2"
+        assert on_b.step(toolgym.ToolCall("keep", {"text": "w"})).messages[0]["content"] == "2"
+    finally:
+        for env in (on_b, on_a, *copies):
+            env.close()
+
+
 def test_a_killed_node_ends_the_call_not_a_hang(cluster, node_b):
     env = sandboxed(PythonREPL, {}, RayBackend(resources={"b": 1}), call_timeout=10)
     try:

@@ -78,3 +78,12 @@ def test_tree_rollouts_bench_runs_both_arms():
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "independent " in done.stdout and "tree / independent:" in done.stdout
+
+
+def test_judges_bench_prints_each_bound_against_the_model_alone():
+    import subprocess
+
+    command = [sys.executable, str(BENCH / "judges.py"), "--episodes", "8", "--delays", "0.01"]
+    done = subprocess.run([*command, "--bounds", "2"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "max_concurrency 2: 8 episodes" in done.stdout and "x the model alone" in done.stdout

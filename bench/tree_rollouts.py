@@ -1,7 +1,8 @@
 """What tree rollouts do to a group's rewards and advantages (issue 46 item 3), against
 independent groups with the same episode budget, measured in one run on the same model.
 
-Wordle rows (the flagship's settings: 6 turns, 40 new tokens), played `--groups` groups of
+Wordle rows (the flagship's settings: 6 turns, 40 new tokens, and its game: `--env-kwargs`,
+by default `examples/wordle.py`'s shaping and hint lines), played `--groups` groups of
 `--generations` episodes each, twice: independent episodes (each from the start), and trees
 that branch after `--at-turn` turns (the root's first turns once, each member from a fork).
 Printed per arm: the mean within-group standard deviation of rewards, the share of groups
@@ -15,6 +16,7 @@ std), the model tokens generated and the wall time; then the ratios tree / indep
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from typing import Any
@@ -24,10 +26,15 @@ from toolgym.agents import Agent, AgentLimits, HFEngine, SamplingParams
 from toolgym.algorithms.advantages import group_advantages
 from toolgym.algorithms.tree_rollouts import play_trees
 
+FLAGSHIP_GAME = {"shaping": 0.5, "known_letters": True, "hints": 20, "hint_sample": 8}
+"""`examples/wordle.py`'s game (its defaults), which its checkpoints were trained on."""
 
-def play(agent: Agent, rows: list[dict[str, Any]], group: int, at_turn: int) -> dict[str, float]:
+
+def play(
+    agent: Agent, rows: list[dict[str, Any]], group: int, at_turn: int, game: dict[str, Any]
+) -> dict[str, float]:
     """One arm: the groups' rewards and their figures (`at_turn` 0: independent episodes)."""
-    envs = [toolgym.make("Wordle-v0") for _ in rows]
+    envs = [toolgym.make("Wordle-v0", **game) for _ in rows]
     seeds = [index // group for index in range(len(rows))]
     started = time.perf_counter()
     played: list[Any] = envs
@@ -60,6 +67,9 @@ def main() -> None:
     parser.add_argument("--generations", type=int, default=4)
     parser.add_argument("--at-turn", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--env-kwargs", type=json.loads, default=FLAGSHIP_GAME, help="Wordle's arguments (JSON)"
+    )
     args = parser.parse_args()
     if args.tiny:
         from toolgym.testing import tiny_model, tiny_tokenizer
@@ -82,7 +92,7 @@ def main() -> None:
     rows = [dict(row) for row in dataset for _ in range(args.generations)]
     figures = {}
     for name, at_turn in (("independent", 0), (f"tree at turn {args.at_turn}", args.at_turn)):
-        figures[name] = play(agent, rows, args.generations, at_turn)
+        figures[name] = play(agent, rows, args.generations, at_turn, args.env_kwargs)
         shown = ", ".join(f"{k} {v:.3f}" for k, v in figures[name].items())
         print(f"{name:18} {shown}")
     base, tree = figures.values()

@@ -28,6 +28,7 @@ Tested with verifiers 0.1.14, the newest release whose requirements fit toolgym'
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -148,9 +149,9 @@ def verifiers_environment(
         """A toolgym environment's episodes in verifiers' loop."""
 
         async def setup_state(self, state: Any) -> None:
-            stepper = new_episode()
+            stepper = await asyncio.to_thread(new_episode)
             row = json.loads(state["info"]["toolgym_row"])
-            first = stepper.reset(**row)
+            first = await asyncio.to_thread(stepper.reset, **row)
             state["toolgym"] = stepper
             if first:
                 state["prompt"] = [*state["prompt"], vf.UserMessage(content=first)]
@@ -163,19 +164,19 @@ def verifiers_environment(
             calls = getattr(last, "tool_calls", None) or []
             if not calls:
                 answer = _text(getattr(last, "content", ""))
-                follow = stepper.user_turn(answer)
+                follow = await asyncio.to_thread(stepper.user_turn, answer)
                 if follow is None:
-                    stepper.final_answer(answer)
+                    await asyncio.to_thread(stepper.final_answer, answer)
                     state["final_env_response"] = []
                     return []
                 return [vf.UserMessage(content=follow)]
-            replies = []
-            for call in calls:
-                # the arguments as the model sent them (JSON text): decoded and checked by
-                # toolgym, a malformed call answered as the model's failure
-                result = stepper.step(ToolCall(call.name, call.arguments, call.id))
-                content = result.messages[0]["content"] if result.messages else ""
-                replies.append(vf.ToolMessage(content=content, tool_call_id=call.id))
+            # the arguments as the model sent them (JSON text): decoded and checked by toolgym,
+            # a malformed call answered as the model's failure; the turn's calls in one step
+            step = await stepper.astep([ToolCall(c.name, c.arguments, c.id) for c in calls])
+            replies = [
+                vf.ToolMessage(content=message["content"], tool_call_id=call.id)
+                for message, call in zip(step.messages, calls, strict=True)
+            ]
             if stepper.done or stepper.truncated:
                 state["final_env_response"] = replies
             return replies

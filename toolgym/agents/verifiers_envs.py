@@ -29,6 +29,7 @@ Tested with verifiers 0.1.14, the newest release whose requirements fit toolgym'
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -144,12 +145,33 @@ def verifiers_environment(
             for row in rows
         ]
     )
+    rubric = vf.Rubric(funcs=[toolgym_reward])
+    made = toolgym_env_class()(dataset=dataset, rubric=rubric, max_turns=max_turns, **vf_kwargs)
+    made.new_episode = new_episode
+    return made
+
+
+def toolgym_reward(state: Any, **_: Any) -> float:
+    """The rubric function of `verifiers_environment`: the toolgym environment's own reward."""
+    value = state.get("toolgym_reward")
+    if value is None and state.get("toolgym") is not None:
+        value = state["toolgym"].get_reward()
+    return float(value or 0.0)
+
+
+@functools.cache
+def toolgym_env_class() -> type:
+    """The `vf.MultiTurnEnv` subclass whose episodes are toolgym episodes (made once, when
+    verifiers is first needed); an instance plays fresh `Stepper`s from its `new_episode`."""
+    import verifiers as vf
 
     class ToolgymEnv(vf.MultiTurnEnv):
         """A toolgym environment's episodes in verifiers' loop."""
 
+        new_episode: Callable[[], Stepper]
+
         async def setup_state(self, state: Any) -> None:
-            stepper = await asyncio.to_thread(new_episode)
+            stepper = await asyncio.to_thread(self.new_episode)
             row = json.loads(state["info"]["toolgym_row"])
             first = await asyncio.to_thread(stepper.reset, **row)
             state["toolgym"] = stepper
@@ -188,15 +210,7 @@ def verifiers_environment(
                 state["toolgym_reward"] = stepper.get_reward()
                 stepper.close()
 
-    def reward(state: Any, **_: Any) -> float:
-        """The toolgym environment's own reward."""
-        value = state.get("toolgym_reward")
-        if value is None and state.get("toolgym") is not None:
-            value = state["toolgym"].get_reward()
-        return float(value or 0.0)
-
-    rubric = vf.Rubric(funcs=[reward])
-    return ToolgymEnv(dataset=dataset, rubric=rubric, max_turns=max_turns, **vf_kwargs)
+    return ToolgymEnv
 
 
 def _messages(prompt: Any) -> list[dict[str, Any]]:

@@ -53,20 +53,7 @@ def evaluate(args: argparse.Namespace) -> int:
     if args.output and not args.resume:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text("")
-    if args.fork_at_turn is not None:  # a tree is played whole: a row partly done again
-        complete = {
-            r for r in range(len(rows)) if all((r, j) in done for j in range(args.rollouts))
-        }
-        done = {key: t for key, t in done.items() if key[0] in complete}
-    todo = [
-        (row, rollout)
-        for row in range(len(rows))
-        for rollout in range(args.rollouts)
-        if (row, rollout) not in done
-    ]
-    per_chunk = args.concurrency
-    if args.fork_at_turn is not None:  # whole trees per chunk
-        per_chunk = max(1, args.concurrency // args.rollouts) * args.rollouts
+    done, todo, per_chunk = _to_play(args, len(rows), done)
     if todo:
         _seed_sampling(args.seed)
         agent = build_agent(args)
@@ -95,6 +82,22 @@ def evaluate(args: argparse.Namespace) -> int:
         where = terminal_text(args.output)
         print(f"trajectories: {where} (open them with: toolgym view {where})")
     return 0
+
+
+def _to_play(
+    args: argparse.Namespace, rows: int, done: dict[Key, Trajectory]
+) -> tuple[dict[Key, Trajectory], list[Key], int]:
+    """The episodes kept, those to play, and how many to play at once. With `--fork-at-turn`
+    a tree is played whole (a row partly done is played again) and each chunk holds whole
+    trees."""
+    per_chunk = args.concurrency
+    if args.fork_at_turn is not None:
+        whole = range(args.rollouts)
+        complete = {r for r in range(rows) if all((r, j) in done for j in whole)}
+        done = {key: t for key, t in done.items() if key[0] in complete}
+        per_chunk = max(1, args.concurrency // args.rollouts) * args.rollouts
+    todo = [(r, j) for r in range(rows) for j in range(args.rollouts) if (r, j) not in done]
+    return done, todo, per_chunk
 
 
 def _play(

@@ -120,6 +120,7 @@ def config_from(args: argparse.Namespace) -> GRPOConfig:
         save_steps=0,
         curriculum=bool(args.levels),
         dynamic_sampling=args.dynamic_sampling,
+        branch_at_turn=args.branch_at_turn,
         max_staleness=(
             (1 if args.engine.startswith("vllm") else 0)
             if args.max_staleness is None
@@ -312,6 +313,14 @@ def build_parser() -> argparse.ArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=False,
         help="replace groups whose rewards are all equal by fresh ones (DAPO; up to 2 rounds)",
+    )
+    parser.add_argument(
+        "--branch-at-turn",
+        type=int,
+        default=0,
+        help="play each GRPO group as a tree: one game plays this many guesses, then it is "
+        "forked and the group's members go on from there (GRPOConfig.branch_at_turn; 0: "
+        "independent games)",
     )
     parser.add_argument(
         "--known-letters",

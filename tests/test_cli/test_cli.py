@@ -503,6 +503,96 @@ def test_eval_searches_from_a_forked_state(monkeypatch, tmp_path, capsys):
     assert "--rollouts of at least 2" in capsys.readouterr().err
 
 
+HEARD_ENV = """
+import toolgym
+
+
+class Heard(toolgym.Environment):
+    def reset(self, **row):
+        self.heard = []
+        self.reward = 0.0
+
+    def user_turn(self, answer):
+        self.heard.append(answer)
+        self.reward = float(len(self.heard))  # every answer of the episode, before a restart too
+        return "Go on."
+"""
+
+KILLED_EVAL = """
+import os, signal, sys
+
+from toolgym.agents import Agent, AgentLimits, ScriptedEngine
+from toolgym.cli import evaluate as evaluate_command, main
+from toolgym.testing import tiny_tokenizer
+
+kill_at, calls_file, *args = sys.argv[1:]
+tokenizer = tiny_tokenizer()
+calls = []
+
+
+def script(prompt_ids):
+    calls.append(1)
+    if len(calls) == int(kill_at):
+        os.kill(os.getpid(), signal.SIGKILL)  # as a lost machine would
+    with open(calls_file, "a") as file:
+        file.write("call\\n")
+    return tokenizer.encode("x" * (len(calls) % 3 + 1) + "<|im_end|>", add_special_tokens=False)
+
+
+def scripted_agent(args):
+    engine = ScriptedEngine(script, context_length=4096)
+    return Agent(engine, tokenizer, limits=AgentLimits(max_turns=args.max_turns))
+
+
+evaluate_command.build_agent = scripted_agent
+sys.exit(main(["eval", *args]))
+"""
+
+
+def test_eval_resumes_a_killed_episode_from_its_snapshot(tmp_path):
+    """`--save-in-flight`: an evaluation killed (SIGKILL) in the middle of its episodes'
+    third turn leaves each episode's last kept turn beside `--output`; `--resume` restores
+    the environment's state from it and plays only the turns that were left, on the kept
+    tokens, and the folder is empty once the episodes are recorded."""
+    env_file, rows = tmp_path / "heard_env.py", tmp_path / "rows.jsonl"
+    env_file.write_text(HEARD_ENV)
+    rows.write_text("".join(json.dumps({"prompt": f"Talk {i}."}) + "\n" for i in range(2)))
+    driver = tmp_path / "driver.py"
+    driver.write_text(KILLED_EVAL)
+    output = tmp_path / "eval.jsonl"
+    args = [f"{env_file}:Heard", "--dataset", str(rows), "--model", "scripted"]
+    args += ["--max-turns", "4", "--output", str(output), "--save-in-flight"]
+
+    def run(kill_at: int, calls: Path, *extra: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, str(driver), str(kill_at), str(calls), *args, *extra]
+        return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+    first = run(5, tmp_path / "first-calls")  # two episodes, four generations, then killed
+    assert first.returncode == -9, first.stderr
+    assert output.read_text() == ""  # nothing recorded: the chunk never ended
+    kept = sorted(p.name for p in (tmp_path / "eval.jsonl.in-flight").iterdir())
+    assert kept == ["0-0.pkl", "1-0.pkl"]
+    again = run(0, tmp_path / "again-calls", "--resume")
+    assert again.returncode == 0, again.stderr
+    episodes = load_jsonl(output)
+    assert len(episodes) == 2
+    resumed_at = [int(t.metrics["resumed_at_turn"]) for t in episodes]
+    assert all(turn in (1, 2) for turn in resumed_at)  # the last turn each had kept
+    generated = len((tmp_path / "again-calls").read_text().splitlines())
+    assert generated == sum(4 - turn for turn in resumed_at)  # only the turns left
+    from toolgym.testing import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    for t in episodes:
+        assert t.status == "max_turns" and t.reward == 4.0  # the restored state heard all 4
+        assert len(t.messages) == 9 and t.messages[2]["content"] == "Go on."
+        sampled = [c for c, m in zip(t.completion_ids, t.loss_mask, strict=True) if m]
+        answers = [m["content"] + "<|im_end|>" for m in t.messages if m["role"] == "assistant"]
+        assert tokenizer.decode(sampled) == "".join(answers)  # the kept turns train too
+    assert list((tmp_path / "eval.jsonl.in-flight").iterdir()) == []
+    assert main(["eval", *args[:5], "--save-in-flight"]) == 2  # no --output to keep them by
+
+
 # -- train -----------------------------------------------------------------------------------
 def _tiny_train_args(env_file: Path, rows: Path, model: Path, output: Path) -> list[str]:
     return [

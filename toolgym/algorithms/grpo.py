@@ -30,19 +30,12 @@ from toolgym.agents.trajectory import outcome, save_jsonl, summarize
 from toolgym.algorithms.config import GRPOConfig, SFTConfig, check_trackers
 from toolgym.algorithms.credit import assign_credit
 from toolgym.algorithms.curriculum import load_curriculum, save_curriculum
-from toolgym.algorithms.engine_choice import (
-    check_pipelining,
-    make_engine,
-    shares_servers,
-    sync_weights,
-)
+from toolgym.algorithms.engine_choice import check_pipelining, make_engine
+from toolgym.algorithms.engine_weights import EngineWeights
 from toolgym.algorithms.environments import EpisodeFactory, training_environments
 from toolgym.algorithms.learner import Learner, load_policy
 from toolgym.algorithms.pipeline import pipelined_steps
-from toolgym.algorithms.policy_versions import PolicyVersions
-from toolgym.algorithms.rewards import (
-    RewardFunc,
-)
+from toolgym.algorithms.rewards import RewardFunc
 from toolgym.algorithms.sampler import Rollouts, Sampler, training_agent
 from toolgym.algorithms.tracking import (
     MetricsLog,
@@ -101,29 +94,20 @@ class GRPOTrainer:
         """Wall time and peak memory per stage (model load, warm-up, rollouts, update...)."""
         self.accelerator = _process_setup(args)  # the process group, the seed, the allocator
         self._bars = args.progress_bar and self.accelerator.is_main_process  # progress bars
-        if isinstance(model, str):
-            with self.stages.stage("model load"):
-                model, tokenizer = load_policy(model, tokenizer)
-        if tokenizer is None:
-            raise ValueError("pass the model's tokenizer (tokenizer=...)")
-        self.vision = VisionInputs.of(tokenizer, model)  # a processor's image side, or None
-        self.tokenizer = tokenizer = tokenizer.tokenizer if self.vision else tokenizer
+        model, self.tokenizer = self._policy_and_tokenizer(model, tokenizer)
         self.train_rows = [dict(r) for r in train_dataset]
         self.eval_rows = [dict(r) for r in eval_dataset] if eval_dataset is not None else []
         if not self.train_rows:
             raise ValueError("train_dataset is empty")
         self._make_env = self._env_factory(env, env_kwargs or {})
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else 0
         self.learner = Learner(model, args, self.accelerator, self.pad_id, self.vision)
         """The policy, its optimizer and checkpoints (`toolgym.algorithms.learner`)."""
         self.model = self.learner.model  # as accelerate prepared it
         self.output_dir = Path(args.output_dir)
-        with self.stages.stage("engine start"):
-            weights_dir, policy = self._path("engine-weights"), self.learner.engine_policy
-            self.engine = engine or make_engine(
-                args, policy, tokenizer, weights_dir, self.eval_rows, self.vision
-            )
-        self.agent = training_agent(args, self.engine, tokenizer, self.vision, subagents)
+        self.engine = engine or self._start_engine()
+        self.agent = training_agent(args, self.engine, self.tokenizer, self.vision, subagents)
         process = (self.accelerator.process_index, self.accelerator.num_processes)
         self.sampler = Sampler(  # plays and scores episodes; it needs nothing of the learner
             self.agent,
@@ -136,9 +120,8 @@ class GRPOTrainer:
             self.stages,
         )
         self.step, self._last_step_end = 0, 0.0
-        self._engine_version, self._synced = 0, False  # the step the engine's weights are of
-        self.versions = PolicyVersions(self.engine)
-        """Which step's weights each engine version is (token staleness, `partial_rollouts`)."""
+        self.engine_weights = EngineWeights(self.engine, self.learner, self.accelerator)
+        """Which step's weights the engine holds, and its syncs (`engine_weights`)."""
         self.stopped_by = ""
         """Why the last `train()` ended: "max_steps" or the `max_seconds` budget."""
         self.budget = StepBudget(args.max_seconds, 0)
@@ -146,6 +129,29 @@ class GRPOTrainer:
         self.log = MetricsLog(self.output_dir, args.report_to, args.to_dict())
         self._signal = SignalWatch(args.num_generations)  # says once if a step learned nothing
         check_pipelining(args, self.engine)
+
+    def _policy_and_tokenizer(self, model: Any, tokenizer: Any) -> tuple[Any, Any]:
+        """The policy (loaded where `model` is a name) and its text tokenizer; a processor's
+        image side becomes `vision` (None for a text model)."""
+        if isinstance(model, str):
+            with self.stages.stage("model load"):
+                model, tokenizer = load_policy(model, tokenizer)
+        if tokenizer is None:
+            raise ValueError("pass the model's tokenizer (tokenizer=...)")
+        self.vision = VisionInputs.of(tokenizer, model)  # a processor's image side, or None
+        return model, tokenizer.tokenizer if self.vision else tokenizer
+
+    def _start_engine(self) -> Any:
+        """The engine `args.engine` names, over the learner's policy."""
+        with self.stages.stage("engine start"):
+            return make_engine(
+                self.args,
+                self.learner.engine_policy,
+                self.tokenizer,
+                self._path("engine-weights"),
+                self.eval_rows,
+                self.vision,
+            )
 
     # -- the loop ---------------------------------------------------------------------------
     def train(self, resume_from_checkpoint: str | Path | None = None) -> list[dict[str, Any]]:
@@ -155,9 +161,8 @@ class GRPOTrainer:
         if resume_from_checkpoint is not None:
             self.step = self.learner.load(resume_from_checkpoint)
             load_curriculum(self.sampler.curriculum, resume_from_checkpoint)
-        unsynced = not self._synced and shares_servers(self.engine)  # servers of other weights
-        if resume_from_checkpoint is not None or unsynced:
-            self._sync_engine()
+        if resume_from_checkpoint is not None or self.engine_weights.stale_servers:
+            self.engine_weights.sync(self.step)
         self.budget = StepBudget(self.args.max_seconds, self.step)
         self.stopped_by = ""
         history = []
@@ -221,7 +226,7 @@ class GRPOTrainer:
 
     def training_step(self) -> dict[str, Any]:
         """One step: rollouts, rewards, advantages, update, weight sync; returns metrics."""
-        return self._learn(self.sampler.play(self.step, self._engine_version))
+        return self._learn(self.sampler.play(self.step, self.engine_weights.step))
 
     @property
     def make_env(self) -> EpisodeFactory:
@@ -237,7 +242,7 @@ class GRPOTrainer:
         """Advantages, the update, the weight sync and the step's metrics, for one batch."""
         trajectories, share = rollouts.trajectories, rollouts.share
         staleness = self.step - rollouts.policy_version  # updates since its weights
-        versions = self.versions.step_figures(
+        versions = self.engine_weights.versions.step_figures(
             trajectories, self.step, rollouts.policy_version, self.learner.gather
         )
         credit = assign_credit(trajectories, share, self.args, self.learner.gather)
@@ -252,13 +257,13 @@ class GRPOTrainer:
             )
         self.step += 1
         with self.stages.stage("weight sync"):
-            self._sync_engine()
+            self.engine_weights.sync(self.step)
         outcomes = self.learner.gather([outcome(t) for t in trajectories])
         sources = merged_sources(self.learner.gather([rollouts.sources]))
         logged = self.learner.gather([rollouts.reward_metrics])  # TRL's log_metric values
         metrics = step_metrics(credit.everyone, outcomes, sources, credit.used, self.args, logged)
         self._signal.check(self.step, metrics, self.accelerator.is_main_process)
-        metrics.update(loss_stats | self._sync_figures | rollouts.figures | versions)
+        metrics.update(loss_stats | self.engine_weights.figures | rollouts.figures | versions)
         if (curriculum := self.sampler.curriculum) is not None:  # every process sees the same
             curriculum.observe(metrics["success_rate"])
             metrics["curriculum_moves"] = curriculum.moves
@@ -288,12 +293,12 @@ class GRPOTrainer:
                 if self.accelerator.num_processes == 1
                 else ""
             )
-            return over or self.sampler.play(step, self._engine_version)
+            return over or self.sampler.play(step, self.engine_weights.step)
 
         return pipelined_steps(
             range(self.step, self.args.max_steps),
             self.args.max_staleness,
-            lambda: self._engine_version,
+            lambda: self.engine_weights.step,
             play,
             self._learn,
             self._next_step_fits,
@@ -350,7 +355,7 @@ class GRPOTrainer:
                 on_step=lambda _, loss: bar.advance(loss=loss),
             )
         with self.stages.stage("weight sync"):
-            self._sync_engine()
+            self.engine_weights.sync(self.step)
         return losses
 
     def save(self, folder: str | Path) -> Path | None:
@@ -369,13 +374,6 @@ class GRPOTrainer:
     def _log(self, metrics: dict[str, Any]) -> None:
         if self.accelerator.is_main_process:
             self.log.log(self.step, metrics)
-
-    def _sync_engine(self) -> None:
-        """Give the engine the policy's current weights."""
-        policy, weights = self.learner.engine_weights()  # a collective under sharding
-        self._sync_figures = sync_weights(self.engine, policy, self.accelerator, weights)
-        self._engine_version, self._synced = self.step, True
-        self.versions.loaded(self.step)
 
 
 def _process_setup(args: GRPOConfig) -> Accelerator:

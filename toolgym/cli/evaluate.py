@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from toolgym.agents.in_flight import InFlightStore, resumable_rollout, resume_in_flight
 from toolgym.agents.trajectory import Trajectory, load_jsonl, save_jsonl, summarize
 from toolgym.cli.env_spec import resolve_env
 from toolgym.cli.episodes import (
@@ -54,6 +55,7 @@ def evaluate(args: argparse.Namespace) -> int:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text("")
     done, todo, per_chunk = _to_play(args, len(rows), done)
+    store = _in_flight_store(args, done)
     if todo:
         _seed_sampling(args.seed)
         agent = build_agent(args)
@@ -61,7 +63,7 @@ def evaluate(args: argparse.Namespace) -> int:
         with tqdm(total=len(todo), desc=desc, unit="episode") as bar:
             for start in range(0, len(todo), per_chunk):
                 chunk = todo[start : start + per_chunk]
-                done.update(_play(args, agent, env_spec, rows, chunk, bar.update))
+                done.update(_play(args, agent, env_spec, rows, chunk, bar.update, store))
         close = getattr(agent.engine, "close", None)
         if callable(close):
             close()
@@ -107,15 +109,24 @@ def _play(
     rows: list[dict[str, Any]],
     chunk: list[Key],
     tick: Any,
+    store: InFlightStore | None = None,
 ) -> dict[Key, Trajectory]:
     """The episodes of `chunk`, played at once (each its own environment instance), each row
     reset with the seed `--seed` + its index (the same task in every rollout); appended to
-    `--output` as soon as the chunk ends."""
+    `--output` as soon as the chunk ends. With `store` (`--save-in-flight`), each episode is
+    kept there after every turn, and one kept by an interrupted run goes on from it."""
     played, seeds = [rows[row] for row, _ in chunk], [args.seed + row for row, _ in chunk]
     envs = make_envs(args, env_spec, played, seeds)
     branched: list[Any] = []
+    keys = [f"{row}-{rollout}" for row, rollout in chunk]
     try:
-        if args.fork_at_turn is None:
+        if store is not None:
+            playing, played = resume_in_flight(store, envs, played, keys)
+            kept = resumable_rollout(store, {id(e): k for e, k in zip(playing, keys, strict=True)})
+            trajectories = agent.run(
+                playing, played, seeds=seeds, on_episode_end=lambda _: tick(), rollout_fn=kept
+            )
+        elif args.fork_at_turn is None:
             trajectories = agent.run(envs, played, seeds=seeds, on_episode_end=lambda _: tick())
         else:
             trajectories, branched = _search(args, agent, envs, played, seeds)
@@ -127,7 +138,25 @@ def _play(
         trajectory.metrics["eval_row"], trajectory.metrics["eval_rollout"] = row, rollout
     if args.output:
         save_jsonl(trajectories, args.output, append=True)
+    if store is not None:
+        for key in keys:  # recorded: nothing to go on from
+            store.discard(key)
     return dict(zip(chunk, trajectories, strict=True))
+
+
+def _in_flight_store(args: argparse.Namespace, done: dict[Key, Trajectory]) -> InFlightStore | None:
+    """`--save-in-flight`'s folder beside `--output` (emptied unless resuming; the episodes
+    `--output` already holds are forgotten there), or None without it."""
+    if not args.save_in_flight:
+        return None
+    if args.output is None or args.fork_at_turn is not None:
+        raise CLIError("--save-in-flight needs --output FILE.jsonl and no --fork-at-turn")
+    store = InFlightStore(f"{args.output}.in-flight")
+    if not args.resume:
+        store.clear()
+    for row, rollout in done:
+        store.discard(f"{row}-{rollout}")
+    return store
 
 
 def _search(
@@ -253,6 +282,13 @@ def add_eval_command(commands: Any) -> None:
         "--resume",
         action="store_true",
         help="keep the episodes --output already holds and play only the rest",
+    )
+    parser.add_argument(
+        "--save-in-flight",
+        action="store_true",
+        help="after each turn, keep every unfinished episode's snapshot and context in "
+        "FILE.jsonl.in-flight/, so that --resume goes on from an interrupted episode's last turn "
+        "instead of playing it again (needs --output; environments that snapshot)",
     )
     parser.add_argument(
         "--report",

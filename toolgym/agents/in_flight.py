@@ -17,8 +17,8 @@ not generated again; `resumed_at_turn` in the episode's metrics says where it we
 caller discards an episode's file once its finished trajectory is recorded.
 
 The files are pickles, read back only from the folder the run names: that folder is trusted
-as a checkpoint folder is (docs/security.md, "Episodes kept in flight"). Environments whose state cannot be copied
-(`NotForkable`) play on without being kept, with one warning.
+as a checkpoint folder is (docs/security.md, "Episodes kept in flight"). Environments whose
+state cannot be copied (`NotForkable`) play on without being kept, with one warning.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import pickle
 import re
 import tempfile
 import warnings
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,8 @@ class InFlight:
     """The episode's first messages (the row's prompt and the reset's observation)."""
     turns: int
     """Turns played; the next to generate has this index."""
+    meta: dict[str, Any] = field(default_factory=dict)
+    """What the caller keeps beside it (e.g. which weights sampled it, which row it plays)."""
 
 
 class InFlightStore:
@@ -102,9 +104,16 @@ class InFlightStore:
         """Forget `key`'s episode (it ended and was recorded)."""
         self._path(key).unlink(missing_ok=True)
 
-    def keys(self) -> list[str]:
+    def kept_keys(self) -> list[str]:
         """The keys of the episodes kept, sorted."""
         return sorted(path.stem for path in self.folder.glob("*.pkl"))
+
+    def prune(self, keep: Callable[[str, InFlight], bool]) -> None:
+        """Forget every episode for which `keep(key, episode)` is false."""
+        for key in self.kept_keys():
+            episode = self.load(key)
+            if episode is None or not keep(key, episode):
+                self.discard(key)
 
     def clear(self) -> None:
         """Forget every episode (a new run in the same folder), and any file a killed run
@@ -130,15 +139,22 @@ class Resumed(Stepper):
 
 
 def resume_in_flight(
-    store: InFlightStore, envs: Sequence[Any], rows: Sequence[Row], keys: Sequence[str]
+    store: InFlightStore,
+    envs: Sequence[Any],
+    rows: Sequence[Row],
+    keys: Sequence[str],
+    accept: Callable[[str, InFlight], bool] | None = None,
 ) -> tuple[list[Any], list[Row]]:
     """The environments and rows to play: the episode of each key with a kept state goes on
-    from it (a `Resumed` environment, whose row's prompt is the kept first messages); the
-    others start as given."""
+    from it (a `Resumed` environment, whose row's prompt is the kept first messages), unless
+    `accept(key, kept)` refuses it (then it is forgotten); the others start as given."""
     played_envs, played_rows = list(envs), [dict(row) for row in rows]
     for i, key in enumerate(keys):
         kept = store.load(key)
         if kept is None:
+            continue
+        if accept is not None and not accept(key, kept):
+            store.discard(key)
             continue
         if not isinstance(envs[i], Stepper):
             raise TypeError("a kept episode resumes on a stepped environment (toolgym.make)")
@@ -147,10 +163,14 @@ def resume_in_flight(
     return played_envs, played_rows
 
 
-def resumable_rollout(store: InFlightStore, keys: Mapping[int, str]) -> RolloutFn:
+def resumable_rollout(
+    store: InFlightStore,
+    keys: Mapping[int, str],
+    meta: Callable[[Any], dict[str, Any]] | None = None,
+) -> RolloutFn:
     """The chat tool-call loop (`chat_rollout`), keeping each episode in `store` after every
-    turn under its key (`keys`: `id(env)` to key), and going on from the kept state where the
-    environment is `Resumed`."""
+    turn under its key (`keys`: `id(env)` to key) with `meta(env)` beside it, and going on
+    from the kept state where the environment is `Resumed`."""
     unkeepable: list[str] = []
 
     async def play(ctx: RolloutContext, env: Any) -> Trajectory:
@@ -176,7 +196,8 @@ def resumable_rollout(store: InFlightStore, keys: Mapping[int, str]) -> RolloutF
                     keeping = False
                     _warn_once(unkeepable, str(error))
                     continue
-                kept = InFlight(snapshot, ctx.context(), first, turn)
+                extra = meta(env) if meta is not None else {}
+                kept = InFlight(snapshot, ctx.context(), first, turn, extra)
                 await asyncio.to_thread(store.save, key, kept)
         raise EpisodeEnd("max_turns")
 

@@ -216,6 +216,13 @@ class GRPOConfig:
     many turns, then the environment is forked and every member of the group goes on from
     there, so the members differ only after the branch point (their shared turns are not
     trained). 0: independent episodes. One process, the chat protocol only."""
+    keep_in_flight: bool = False
+    """Keep every training episode after each turn in `output_dir/in-flight/` (its
+    environment's snapshot and its context, `toolgym.algorithms.kept_episodes`), so that a
+    run resumed from a checkpoint in the same `output_dir` goes on with the episodes that
+    were in flight (those sampled by the checkpoint's weights or older) from their last turn
+    instead of playing them again. Costs a snapshot and a file write per turn. One process,
+    the chat protocol (no `rollout_fn`, no `branch_at_turn`), environments that snapshot."""
     credit: Literal["episode", "turn"] = "episode"
     """What each assistant turn's tokens are credited with: the episode's advantage
     ("episode"), or the turn's own (`toolgym.algorithms.turn_credit`: the reward that followed
@@ -364,6 +371,8 @@ class GRPOConfig:
             raise ValueError(f"unknown advantage {self.advantage!r}")
         if self.branch_at_turn < 0:
             raise ValueError("branch_at_turn must be >= 0 (0: no tree rollouts)")
+        if self.keep_in_flight and self.branch_at_turn:
+            raise ValueError("keep_in_flight does not keep tree rollouts (branch_at_turn)")
         if self.dynamic_sampling_rounds < 1:
             raise ValueError("dynamic_sampling_rounds must be at least 1")
         if self.credit not in ("episode", "turn"):

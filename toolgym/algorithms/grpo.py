@@ -33,6 +33,7 @@ from toolgym.algorithms.curriculum import load_curriculum, save_curriculum
 from toolgym.algorithms.engine_choice import check_pipelining, make_engine
 from toolgym.algorithms.engine_weights import EngineWeights
 from toolgym.algorithms.environments import EpisodeFactory, training_environments
+from toolgym.algorithms.kept_episodes import KeptEpisodes
 from toolgym.algorithms.learner import Learner, load_policy
 from toolgym.algorithms.pipeline import pipelined_steps
 from toolgym.algorithms.rewards import RewardFunc
@@ -122,6 +123,10 @@ class GRPOTrainer:
         self.step, self._last_step_end = 0, 0.0
         self.engine_weights = EngineWeights(self.engine, self.learner, self.accelerator)
         """Which step's weights the engine holds, and its syncs (`engine_weights`)."""
+        if args.keep_in_flight:
+            self.sampler.kept = KeptEpisodes(
+                self.output_dir / "in-flight", lambda: self.engine_weights.step
+            )
         self.stopped_by = ""
         """Why the last `train()` ended: "max_steps" or the `max_seconds` budget."""
         self.budget = StepBudget(args.max_seconds, 0)
@@ -163,6 +168,8 @@ class GRPOTrainer:
             load_curriculum(self.sampler.curriculum, resume_from_checkpoint)
         if resume_from_checkpoint is not None or self.engine_weights.stale_servers:
             self.engine_weights.sync(self.step)
+        if self.sampler.kept is not None:  # the episodes an interrupted run left, if resuming
+            self.sampler.kept.start(self.step if resume_from_checkpoint is not None else None)
         self.budget = StepBudget(self.args.max_seconds, self.step)
         self.stopped_by = ""
         history = []
@@ -255,6 +262,8 @@ class GRPOTrainer:
                 int(credit.used.sum()),
                 turn_credit=credit.tokens,
             )
+        if self.sampler.kept is not None:
+            self.sampler.kept.learned(self.step)  # nothing of this step to go on from
         self.step += 1
         with self.stages.stage("weight sync"):
             self.engine_weights.sync(self.step)

@@ -27,6 +27,7 @@ from toolgym.algorithms.config import GRPOConfig
 from toolgym.algorithms.curriculum import Curriculum
 from toolgym.algorithms.dynamic_sampling import Played, extra_rows, fill_with_signal, split
 from toolgym.algorithms.environments import EpisodeFactory
+from toolgym.algorithms.kept_episodes import KeptEpisodes
 from toolgym.algorithms.rewards import (
     RewardFunc,
     RewardLogs,
@@ -93,6 +94,11 @@ class Sampler:
                 "dynamic_sampling runs on one process for now (the groups it keeps would have "
                 "to move between processes); run one process or set dynamic_sampling=False"
             )
+        if args.keep_in_flight and (process[1] > 1 or rollout_fn is not None):
+            raise ValueError(
+                "keep_in_flight runs on one process and with the chat protocol (no rollout_fn "
+                "of its own) for now"
+            )
         if args.branch_at_turn and (process[1] > 1 or rollout_fn is not None):
             raise ValueError(
                 "branch_at_turn (tree rollouts) runs on one process and with the chat protocol "
@@ -117,6 +123,8 @@ class Sampler:
             else None
         )
         """The difficulty curriculum, where `args.curriculum` asks for one."""
+        self.kept: KeptEpisodes | None = None
+        """Where episodes are kept between turns (`keep_in_flight`; the trainer sets it)."""
 
     def play(self, step: int, policy_version: int) -> Rollouts:
         """Play and score step `step`'s episodes (this process's share) with the engine's
@@ -188,6 +196,10 @@ class Sampler:
                         self.args.branch_at_turn,
                     )
                     envs.extend(env for env in played if env not in envs)
+                elif self.kept is not None:  # kept after every turn, resumed where kept
+                    trajectories, played = self.kept.play(
+                        self.agent, envs, mine, [seeds[i] for i in share], step
+                    )
                 else:
                     trajectories = self.agent.run(
                         envs, mine, [seeds[i] for i in share], rollout_fn=self.rollout_fn

@@ -137,6 +137,8 @@ def timed_wordle(busy: Intervals, delay: float) -> type[Wordle]:
             finally:
                 busy.add(start, time.perf_counter())
 
+    # the schema the tool caller was trained on is Wordle's own (its prompt must match)
+    TimedWordle.guess.__doc__ = Wordle.guess.__doc__
     return TimedWordle
 
 
@@ -178,6 +180,8 @@ def run(engine_name: str, episodes: int, delay: float, tokenizer, folder: str, m
     wall, overhead = statistics.median(walls), statistics.median(overheads)
     tokens = sum(sum(t.loss_mask) for t in trajectories)
     calls = sum(t.metrics["tool_calls"] for t in trajectories)
+    if not calls:  # the tool caller replays its game only on the prompt it was trained on
+        raise SystemExit("the tool caller made no tool call: the figures would measure nothing")
     reward = sum(t.reward for t in trajectories) / episodes
     print(
         f"toolgym {engine_name:4} tools {delay * 1000:3.0f} ms | {episodes} episodes, "

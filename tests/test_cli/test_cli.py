@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -549,11 +550,28 @@ sys.exit(main(["eval", *args]))
 """
 
 
-def test_eval_resumes_a_killed_episode_from_its_snapshot(tmp_path):
+NO_BWRAP = os.environ.get("TOOLGYM_REQUIRE_SANDBOXES") != "1" and shutil.which("bwrap") is None
+
+
+@pytest.mark.parametrize(
+    "sandbox",
+    [
+        "local",
+        pytest.param(
+            "process",
+            marks=pytest.mark.skipif(
+                NO_BWRAP,
+                reason="bubblewrap is not installed (scripts/sandbox_setup.sh)",
+            ),
+        ),
+    ],
+)
+def test_eval_resumes_a_killed_episode_from_its_snapshot(tmp_path, sandbox):
     """`--save-in-flight`: an evaluation killed (SIGKILL) in the middle of its episodes'
     third turn leaves each episode's last kept turn beside `--output`; `--resume` restores
     the environment's state from it and plays only the turns that were left, on the kept
-    tokens, and the folder is empty once the episodes are recorded."""
+    tokens, and the folder is empty once the episodes are recorded. In a process sandbox the
+    kept state is the worker's own pickle, restored into a new worker after the restart."""
     env_file, rows = tmp_path / "heard_env.py", tmp_path / "rows.jsonl"
     env_file.write_text(HEARD_ENV)
     rows.write_text("".join(json.dumps({"prompt": f"Talk {i}."}) + "\n" for i in range(2)))
@@ -562,6 +580,7 @@ def test_eval_resumes_a_killed_episode_from_its_snapshot(tmp_path):
     output = tmp_path / "eval.jsonl"
     args = [f"{env_file}:Heard", "--dataset", str(rows), "--model", "scripted"]
     args += ["--max-turns", "4", "--output", str(output), "--save-in-flight"]
+    args += ["--sandbox", sandbox]
 
     def run(kill_at: int, calls: Path, *extra: str) -> subprocess.CompletedProcess:
         command = [sys.executable, str(driver), str(kill_at), str(calls), *args, *extra]

@@ -217,6 +217,12 @@ def make(id: str | EnvSpec, sandbox: Any = None, **overrides: Any) -> Stepper:
     `step`, `tools`; the instance itself is `env.unwrapped`); a sandboxed instance has the
     same tools and behaves the same, as a `toolgym.sandbox.RemoteEnvironment`.
     """
+    if not isinstance(id, (str, EnvSpec)):
+        raise TypeError(
+            f"make() takes a registered id or an EnvSpec, not {type(id).__name__}; for a class "
+            "or a factory use toolgym.env_factory(target, kwargs, sandbox)(), or "
+            "toolgym.as_environment(instance)"
+        )
     env_spec = id if isinstance(id, EnvSpec) else spec(id)
     return env_spec.make(sandbox=sandbox, **overrides)
 

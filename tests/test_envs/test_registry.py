@@ -94,6 +94,11 @@ def test_unknown_id_suggests_close_ids():
         toolgym.spec("wordle-v1")
 
 
+def test_make_names_what_it_takes_when_given_a_class():
+    with pytest.raises(TypeError, match=r"registered id or an EnvSpec, not type.*env_factory"):
+        toolgym.make(Echo)  # type: ignore[arg-type]
+
+
 def test_malformed_ids_are_rejected():
     with pytest.raises(ValueError, match="malformed environment id"):
         toolgym.register("a/b/c-v0", Echo)

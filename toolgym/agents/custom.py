@@ -226,9 +226,7 @@ class RolloutContext(abc.ABC):
         trajectory = copy.deepcopy(context.trajectory)
         self.trajectory, self._view = trajectory, copy.deepcopy(context.view)
         self.first_prompt_length, self._carried = context.first_prompt_length, context.carried
-        for name, value in context.metrics.items():
-            if name in self.metrics:
-                self.metrics[name] = value
+        self.metrics.update(context.metrics)  # counters added on the way too (compactions)
         self._told, self._stepped = True, True
         return trajectory
 

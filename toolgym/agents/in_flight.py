@@ -8,22 +8,27 @@ played again from its start, or dropped. With snapshots it need not be: after ea
   is its worker's own pickle, which the host keeps opaque),
 - the rollout's context (`RolloutContext.context`: the trajectory with its exact tokens,
   masks and logprobs, the model's view of the conversation, the counters),
-- the episode's first messages and the number of turns played.
+- the episode's first messages, the number of turns played, and the caller's `meta` (e.g. a
+  fingerprint of the task, so that a kept episode never goes on as another task's).
 
-After a restart, `resume_in_flight` wraps the environment of each episode that has a file in
-a `Resumed` stepper: its `reset` restores the snapshot instead of starting a new episode, and
-`resumable_rollout` goes on from the next turn on the kept trajectory (its earlier turns are
-not generated again; `resumed_at_turn` in the episode's metrics says where it went on). The
-caller discards an episode's file once its finished trajectory is recorded.
+After a restart, `resume_in_flight` reads the kept episodes of the keys about to be played
+(those the caller's `accept` refuses are forgotten), and `resumable_rollout` plays each of them
+on from its next turn: the environment, reset for the row as usual, restores the kept
+snapshot, and the kept trajectory goes on (its earlier turns are not generated again;
+`resumed_at_turn` in the episode's metrics says where it went on). The caller discards an
+episode's file once its finished trajectory is recorded.
 
 The files are pickles, read back only from the folder the run names: that folder is trusted
-as a checkpoint folder is (docs/security.md, "Episodes kept in flight"). Environments whose
-state cannot be copied (`NotForkable`) play on without being kept, with one warning.
+as a checkpoint folder is (docs/security.md, "Episodes kept in flight"); one that another
+account owns or may write is refused. An episode whose state cannot be kept (`NotForkable`, a
+state that does not pickle, a full disk) plays on unkept, with one warning.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import os
 import pickle
 import re
@@ -35,12 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from toolgym.agents.custom import EpisodeContext, EpisodeEnd, RolloutContext, RolloutFn
-from toolgym.agents.rollout_functions import chat_turns, inline_rollout
+from toolgym.agents.rollout_functions import chat_rollout, chat_turns, inline_rollout
 from toolgym.agents.trajectory import Trajectory
-from toolgym.envs.snapshots import NotForkable, Snapshot
-from toolgym.envs.stepping import Stepper
-
-Row = dict[str, Any]
+from toolgym.envs.snapshots import Snapshot
 
 _KEY = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
@@ -58,19 +60,27 @@ class InFlight:
     turns: int
     """Turns played; the next to generate has this index."""
     meta: dict[str, Any] = field(default_factory=dict)
-    """What the caller keeps beside it (e.g. which weights sampled it, which row it plays)."""
+    """What the caller keeps beside it (e.g. which weights sampled it, which task it plays)."""
 
 
 class InFlightStore:
     """A folder of in-flight episodes, one file per key (`[A-Za-z0-9_.-]`, e.g. "3-1").
 
-    Each `save` replaces the key's file whole (written beside it, then renamed), so a run
-    killed while writing leaves the previous turn's state, never half a file.
+    Each `save` replaces the key's file whole (written beside it, flushed to disk, then
+    renamed), so a run killed while writing leaves the previous turn's state, never half a
+    file. The folder is made readable by its owner only; an existing one that another account
+    owns, or that others may write, is refused (`PermissionError`): its files are unpickled.
     """
 
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # as trusted as checkpoints
+        status = self.folder.stat()
+        if status.st_uid != os.getuid() or status.st_mode & 0o022:
+            raise PermissionError(
+                f"{self.folder}: an in-flight folder must be this account's and writable by "
+                "it alone (its files are unpickled); remove it or choose another place"
+            )
 
     def _path(self, key: str) -> Path:
         if not _KEY.fullmatch(key):
@@ -84,13 +94,15 @@ class InFlightStore:
         try:
             with os.fdopen(handle, "wb") as file:
                 pickle.dump(episode, file, protocol=pickle.HIGHEST_PROTOCOL)
+                file.flush()
+                os.fsync(file.fileno())  # a machine that dies leaves the file whole too
             os.replace(temporary, path)
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
             raise
 
     def load(self, key: str) -> InFlight | None:
-        """What was kept for `key`, or None."""
+        """What was kept for `key`, or None. Raises for a file that does not hold one."""
         path = self._path(key)
         if not path.exists():
             return None
@@ -100,19 +112,35 @@ class InFlightStore:
             raise TypeError(f"{path} does not hold an in-flight episode")
         return episode
 
+    def recall(self, key: str) -> InFlight | None:
+        """Like `load`, but a file that cannot be read back (damaged, of another kind, of a
+        class that moved) is forgotten with a warning, and None returned: the episode is
+        then played from its start."""
+        try:
+            return self.load(key)
+        except Exception as error:
+            warnings.warn(
+                f"the in-flight episode {key!r} cannot be read back ({type(error).__name__}: "
+                f"{error}); it is forgotten and played again",
+                stacklevel=2,
+            )
+            self.discard(key)
+            return None
+
     def discard(self, key: str) -> None:
         """Forget `key`'s episode (it ended and was recorded)."""
         self._path(key).unlink(missing_ok=True)
 
     def kept_keys(self) -> list[str]:
-        """The keys of the episodes kept, sorted."""
-        return sorted(path.stem for path in self.folder.glob("*.pkl"))
+        """The keys of the episodes kept, sorted (files of other names are not episodes)."""
+        return sorted(p.stem for p in self.folder.glob("*.pkl") if _KEY.fullmatch(p.stem))
 
     def prune(self, keep: Callable[[str, InFlight], bool]) -> None:
-        """Forget every episode for which `keep(key, episode)` is false."""
+        """Forget every episode for which `keep(key, episode)` is false (and any that cannot
+        be read back)."""
         for key in self.kept_keys():
-            episode = self.load(key)
-            if episode is None or not keep(key, episode):
+            episode = self.recall(key)
+            if episode is not None and not keep(key, episode):
                 self.discard(key)
 
     def clear(self) -> None:
@@ -122,86 +150,86 @@ class InFlightStore:
             path.unlink()
 
 
-class Resumed(Stepper):
-    """An environment that goes on from a kept episode: `reset` restores its snapshot."""
-
-    def __init__(self, env: Stepper, kept: InFlight) -> None:
-        super().__init__(env.executor)
-        self.original, self.kept = env, kept
-
-    def reset(self, seed: int | None = None, **row: Any) -> str | None:
-        """The kept episode's state, not a new episode (its first messages are the row's)."""
-        self.restore(self.kept.snapshot)
-        return None
-
-    def close(self) -> None:
-        self.original.close()
+def task_fingerprint(*parts: Any) -> str:
+    """A short hash of what makes an episode's task (its row, seed, environment, ...), kept
+    in `InFlight.meta` so that a kept episode goes on only as the same task."""
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def resume_in_flight(
     store: InFlightStore,
-    envs: Sequence[Any],
-    rows: Sequence[Row],
     keys: Sequence[str],
     accept: Callable[[str, InFlight], bool] | None = None,
-) -> tuple[list[Any], list[Row]]:
-    """The environments and rows to play: the episode of each key with a kept state goes on
-    from it (a `Resumed` environment, whose row's prompt is the kept first messages), unless
-    `accept(key, kept)` refuses it (then it is forgotten); the others start as given."""
-    played_envs, played_rows = list(envs), [dict(row) for row in rows]
-    for i, key in enumerate(keys):
-        kept = store.load(key)
-        if kept is None:
+) -> dict[str, InFlight]:
+    """The kept episodes among `keys` that go on (for `resumable_rollout`); one that
+    `accept(key, kept)` refuses, or that cannot be read back, is forgotten."""
+    kept = {}
+    for key in keys:
+        episode = store.recall(key)
+        if episode is None:
             continue
-        if accept is not None and not accept(key, kept):
+        if accept is not None and not accept(key, episode):
             store.discard(key)
             continue
-        if not isinstance(envs[i], Stepper):
-            raise TypeError("a kept episode resumes on a stepped environment (toolgym.make)")
-        played_envs[i] = Resumed(envs[i], kept)
-        played_rows[i]["prompt"] = [dict(message) for message in kept.messages]
-    return played_envs, played_rows
+        kept[key] = episode
+    return kept
 
 
 def resumable_rollout(
     store: InFlightStore,
     keys: Mapping[int, str],
-    meta: Callable[[Any], dict[str, Any]] | None = None,
+    kept: Mapping[str, InFlight] | None = None,
+    meta: Callable[[str], dict[str, Any]] | None = None,
 ) -> RolloutFn:
     """The chat tool-call loop (`chat_rollout`), keeping each episode in `store` after every
-    turn under its key (`keys`: `id(env)` to key) with `meta(env)` beside it, and going on
-    from the kept state where the environment is `Resumed`."""
-    unkeepable: list[str] = []
+    turn under its key (`keys`: `id(env)` of the environment as given, or of the object a
+    stepped environment wraps, to key) with `meta(key)` beside it; an episode with a `kept`
+    state goes on from it."""
+    said: list[str] = []
+    kept = kept or {}
 
     async def play(ctx: RolloutContext, env: Any) -> Trajectory:
         if getattr(env, "inline_markers", ()):
-            _warn_once(unkeepable, "the inline protocol is not kept between turns")
+            _warn_once(said, "the inline protocol is not kept between turns")
             return await inline_rollout(ctx, env)
-        key = keys[id(env)]
-        if isinstance(env, Resumed):
-            trajectory, turn = ctx.resume(env.kept.context), env.kept.turns
-            ctx.metrics["resumed_at_turn"] = float(turn)
+        key = keys.get(id(env), keys.get(id(getattr(env, "unwrapped", None)), ""))
+        if not key:
+            _warn_once(said, "an environment without a key (played unkept)")
+            return await chat_rollout(ctx, env)
+        episode = kept.get(key)
+        if episode is not None:  # reset for its row as usual, then back to where it was
+            await asyncio.to_thread(env.restore, episode.snapshot)
+            trajectory, turn, first = _resumed(ctx, episode)
         else:
             trajectory, turn = ctx.start(tools=ctx.tools), 0
-        first = [dict(message) for message in ctx.messages]
-        keeping = isinstance(env, Stepper)
+            first = [dict(message) for message in ctx.messages]
+        keeping = True
         while turn < ctx.limits.max_turns:
             if await chat_turns(ctx, trajectory, turn, turn + 1):
                 return trajectory
             turn += 1
             if keeping and turn < ctx.limits.max_turns:
+                extra = meta(key) if meta is not None else {}
                 try:
                     snapshot = await asyncio.to_thread(env.snapshot)
-                except NotForkable as error:
+                    state = InFlight(snapshot, ctx.context(), first, turn, extra)
+                    await asyncio.to_thread(store.save, key, state)
+                except Exception as error:  # not copyable or picklable, a full disk...
                     keeping = False
-                    _warn_once(unkeepable, str(error))
-                    continue
-                extra = meta(env) if meta is not None else {}
-                kept = InFlight(snapshot, ctx.context(), first, turn, extra)
-                await asyncio.to_thread(store.save, key, kept)
+                    _warn_once(said, f"{type(error).__name__}: {error}")
         raise EpisodeEnd("max_turns")
 
     return play
+
+
+def _resumed(ctx: RolloutContext, episode: InFlight) -> tuple[Trajectory, int, list[Any]]:
+    """The kept trajectory as this episode's, the turn to go on from, its first messages."""
+    trajectory = ctx.resume(episode.context)
+    for sample in trajectory.samples:  # another engine's weight counts: unknown here
+        sample.versions = [-1] * len(sample.versions)
+    ctx.metrics["resumed_at_turn"] = float(episode.turns)
+    return trajectory, episode.turns, [dict(message) for message in episode.messages]
 
 
 def _warn_once(said: list[str], reason: str) -> None:

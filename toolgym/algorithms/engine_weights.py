@@ -33,6 +33,9 @@ class EngineWeights:
         """Which step's weights each engine version is (token staleness, `partial_rollouts`)."""
         self.figures: dict[str, float] = {}
         """The last sync's `weight_sync_seconds` and `weight_sync_bytes`."""
+        self.newest = 0
+        """The newest step whose weights the engine holds or is being given (tokens sampled
+        during a sync may already be of these)."""
 
     @property
     def stale_servers(self) -> bool:
@@ -43,6 +46,7 @@ class EngineWeights:
     def sync(self, step: int) -> None:
         """Give the engine the learner's weights, which are those of `step` (a collective
         under sharding: every process calls it)."""
+        self.newest = max(self.newest, step)
         policy, weights = self.learner.engine_weights()
         self.figures = sync_weights(self.engine, policy, self.accelerator, weights)
         self.step, self.synced = step, True

@@ -124,8 +124,10 @@ class GRPOTrainer:
         self.engine_weights = EngineWeights(self.engine, self.learner, self.accelerator)
         """Which step's weights the engine holds, and its syncs (`engine_weights`)."""
         if args.keep_in_flight:
+            if subagents:
+                raise ValueError("keep_in_flight does not keep sub-agents' episodes yet")
             self.sampler.kept = KeptEpisodes(
-                self.output_dir / "in-flight", lambda: self.engine_weights.step
+                self.output_dir / "in-flight", lambda: self.engine_weights.newest
             )
         self.stopped_by = ""
         """Why the last `train()` ended: "max_steps" or the `max_seconds` budget."""
@@ -262,11 +264,11 @@ class GRPOTrainer:
                 int(credit.used.sum()),
                 turn_credit=credit.tokens,
             )
-        if self.sampler.kept is not None:
-            self.sampler.kept.learned(self.step)  # nothing of this step to go on from
         self.step += 1
         with self.stages.stage("weight sync"):
             self.engine_weights.sync(self.step)
+        if self.sampler.kept is not None:  # learned and synced: nothing of it to go on from
+            self.sampler.kept.learned(self.step - 1)
         outcomes = self.learner.gather([outcome(t) for t in trajectories])
         sources = merged_sources(self.learner.gather([rollouts.sources]))
         logged = self.learner.gather([rollouts.reward_metrics])  # TRL's log_metric values

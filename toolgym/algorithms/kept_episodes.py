@@ -16,14 +16,18 @@ with an empty folder.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from toolgym.agents.in_flight import InFlight, InFlightStore, resumable_rollout, resume_in_flight
+from toolgym.agents.in_flight import (
+    InFlight,
+    InFlightStore,
+    resumable_rollout,
+    resume_in_flight,
+    task_fingerprint,
+)
 from toolgym.agents.trajectory import Trajectory
 
 Row = dict[str, Any]
@@ -34,7 +38,7 @@ class KeptEpisodes:
 
     Args:
         folder: Where the episodes are kept (`output_dir/in-flight`).
-        weights_step: The step whose weights the engine holds now.
+        weights_step: The newest step whose weights the engine holds or is being given.
         process: This process's index (several processes keep their shares apart).
     """
 
@@ -60,30 +64,27 @@ class KeptEpisodes:
 
     def play(
         self, agent: Any, envs: Sequence[Any], rows: Sequence[Row], seeds: Sequence[int], step: int
-    ) -> tuple[list[Trajectory], list[Any]]:
+    ) -> list[Trajectory]:
         """Play the episodes of `rows` for `step`, each kept after every turn; one kept by an
-        interrupted run for the same step, row and seed goes on from its last kept turn.
-        Returns the trajectories and the environments that played them."""
+        interrupted run for the same step, row and seed goes on from its last kept turn."""
         with self._lock:
             call = self._calls.get(step, 0)
             self._calls[step] = call + 1
         keys = [f"{step}.{call}.{self.process}.{i}" for i in range(len(rows))]
-        prints = {
-            key: _fingerprint(row, seed) for key, row, seed in zip(keys, rows, seeds, strict=True)
-        }
+        pairs = zip(keys, rows, seeds, strict=True)
+        tasks = {key: task_fingerprint(row, seed) for key, row, seed in pairs}
 
         def same_task(key: str, kept: InFlight) -> bool:
-            return bool(kept.meta.get("row") == prints[key])
+            return bool(kept.meta.get("task") == tasks[key])
 
-        played, played_rows = resume_in_flight(self.store, envs, rows, keys, accept=same_task)
-        key_of = {id(env): key for env, key in zip(played, keys, strict=True)}
+        kept = resume_in_flight(self.store, keys, accept=same_task)
         rollout = resumable_rollout(
             self.store,
-            key_of,
-            meta=lambda env: {"weights": self.weights_step(), "row": prints[key_of[id(env)]]},
+            {id(env): key for env, key in zip(envs, keys, strict=True)},
+            kept,
+            meta=lambda key: {"weights": self.weights_step(), "task": tasks[key]},
         )
-        trajectories = agent.run(played, played_rows, list(seeds), rollout_fn=rollout)
-        return trajectories, played
+        return agent.run(list(envs), [dict(row) for row in rows], list(seeds), rollout_fn=rollout)
 
     def learned(self, step: int) -> None:
         """`step`'s episodes are learned: forget them."""
@@ -95,10 +96,6 @@ class KeptEpisodes:
 
 
 def _step_of(key: str) -> int:
-    return int(key.split(".", 1)[0])
-
-
-def _fingerprint(row: Row, seed: int | None) -> str:
-    """Which task an episode plays: its row and seed, hashed."""
-    text = json.dumps([row, seed], sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
+    """The step a key names (-1 for a name that names none: never kept on a restart)."""
+    head = key.split(".", 1)[0]
+    return int(head) if head.isdigit() else -1

@@ -197,7 +197,7 @@ class Sampler:
                     )
                     envs.extend(env for env in played if env not in envs)
                 elif self.kept is not None:  # kept after every turn, resumed where kept
-                    trajectories, played = self.kept.play(
+                    trajectories = self.kept.play(
                         self.agent, envs, mine, [seeds[i] for i in share], step
                     )
                 else:

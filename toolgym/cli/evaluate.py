@@ -15,7 +15,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from toolgym.agents.in_flight import InFlightStore, resumable_rollout, resume_in_flight
+from toolgym.agents.in_flight import (
+    InFlightStore,
+    resumable_rollout,
+    resume_in_flight,
+    task_fingerprint,
+)
 from toolgym.agents.trajectory import Trajectory, load_jsonl, save_jsonl, summarize
 from toolgym.cli.env_spec import resolve_env
 from toolgym.cli.episodes import (
@@ -121,11 +126,7 @@ def _play(
     keys = [f"{row}-{rollout}" for row, rollout in chunk]
     try:
         if store is not None:
-            playing, played = resume_in_flight(store, envs, played, keys)
-            kept = resumable_rollout(store, {id(e): k for e, k in zip(playing, keys, strict=True)})
-            trajectories = agent.run(
-                playing, played, seeds=seeds, on_episode_end=lambda _: tick(), rollout_fn=kept
-            )
+            trajectories = _play_kept(args, agent, store, envs, played, seeds, keys, tick)
         elif args.fork_at_turn is None:
             trajectories = agent.run(envs, played, seeds=seeds, on_episode_end=lambda _: tick())
         else:
@@ -142,6 +143,32 @@ def _play(
         for key in keys:  # recorded: nothing to go on from
             store.discard(key)
     return dict(zip(chunk, trajectories, strict=True))
+
+
+def _play_kept(
+    args: argparse.Namespace,
+    agent: Any,
+    store: InFlightStore,
+    envs: list[Any],
+    rows: list[dict[str, Any]],
+    seeds: list[int],
+    keys: list[str],
+    tick: Any,
+) -> list[Trajectory]:
+    """The episodes played with `--save-in-flight`: kept after every turn, and one an
+    interrupted evaluation of the same task kept goes on from it."""
+    tasks = {
+        key: task_fingerprint(args.env, args.env_kwargs, args.sandbox, row, seed)
+        for key, row, seed in zip(keys, rows, seeds, strict=True)
+    }
+    kept = resume_in_flight(store, keys, accept=lambda key, ep: ep.meta.get("task") == tasks[key])
+    rollout = resumable_rollout(
+        store,
+        {id(env): key for env, key in zip(envs, keys, strict=True)},
+        kept,
+        meta=lambda key: {"task": tasks[key]},
+    )
+    return agent.run(envs, rows, seeds=seeds, on_episode_end=lambda _: tick(), rollout_fn=rollout)
 
 
 def _in_flight_store(args: argparse.Namespace, done: dict[Key, Trajectory]) -> InFlightStore | None:

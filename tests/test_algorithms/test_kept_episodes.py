@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from killed_runs import DYING_MODEL, HEARD_ENV
 
 from toolgym.agents import load_jsonl
 from toolgym.agents.in_flight import InFlight, InFlightStore
@@ -18,41 +19,18 @@ from toolgym.algorithms.kept_episodes import KeptEpisodes
 
 TESTS = Path(__file__).resolve().parent.parent
 
-KILLED_RUN = """
-import os, signal, sys
+KILLED_RUN = (
+    HEARD_ENV
+    + DYING_MODEL
+    + """
+import sys
 
-import toolgym
 from helpers import tiny_grpo_args
 from toolgym.agents import AgentLimits, ScriptedEngine
 from toolgym.algorithms import GRPOTrainer
-from toolgym.testing import tiny_model, tiny_tokenizer
-
-
-class Heard(toolgym.Environment):
-    def reset(self, **row):
-        self.heard = []
-        self.reward = 0.0
-
-    def user_turn(self, answer):
-        self.heard.append(answer)
-        self.reward = float(len(self.heard))  # every answer, before a restart too
-        return "Go on."
-
+from toolgym.testing import tiny_model
 
 output, kill_at, calls_file, resume = sys.argv[1:]
-tokenizer = tiny_tokenizer()
-calls = []
-
-
-def script(prompt_ids):
-    calls.append(1)
-    if len(calls) == int(kill_at):
-        os.kill(os.getpid(), signal.SIGKILL)  # as a lost machine would
-    with open(calls_file, "a") as file:
-        file.write("call\\n")
-    return tokenizer.encode("x" * (len(calls) % 3 + 1) + "<|im_end|>", add_special_tokens=False)
-
-
 limits = AgentLimits(max_turns=4, max_new_tokens=8, max_episode_tokens=512)
 args = tiny_grpo_args(
     output, max_steps=2, save_steps=1, keep_in_flight=True, save_samples=True, limits=limits
@@ -64,6 +42,7 @@ trainer = GRPOTrainer(
 )
 trainer.train(resume_from_checkpoint=f"{output}/checkpoint-1" if resume == "yes" else None)
 """
+)
 
 
 def test_a_killed_run_resumes_its_episodes_in_flight_from_their_snapshots(tmp_path):

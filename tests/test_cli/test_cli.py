@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import run_group
+from killed_runs import DYING_MODEL, HEARD_ENV
 
 from toolgym.agents.limits import AgentLimits
 from toolgym.agents.trajectory import Sample, Trajectory, load_jsonl
@@ -504,40 +505,15 @@ def test_eval_searches_from_a_forked_state(monkeypatch, tmp_path, capsys):
     assert "--rollouts of at least 2" in capsys.readouterr().err
 
 
-HEARD_ENV = """
-import toolgym
-
-
-class Heard(toolgym.Environment):
-    def reset(self, **row):
-        self.heard = []
-        self.reward = 0.0
-
-    def user_turn(self, answer):
-        self.heard.append(answer)
-        self.reward = float(len(self.heard))  # every answer of the episode, before a restart too
-        return "Go on."
-"""
-
-KILLED_EVAL = """
-import os, signal, sys
+KILLED_EVAL = (
+    DYING_MODEL
+    + """
+import sys
 
 from toolgym.agents import Agent, AgentLimits, ScriptedEngine
 from toolgym.cli import evaluate as evaluate_command, main
-from toolgym.testing import tiny_tokenizer
 
 kill_at, calls_file, *args = sys.argv[1:]
-tokenizer = tiny_tokenizer()
-calls = []
-
-
-def script(prompt_ids):
-    calls.append(1)
-    if len(calls) == int(kill_at):
-        os.kill(os.getpid(), signal.SIGKILL)  # as a lost machine would
-    with open(calls_file, "a") as file:
-        file.write("call\\n")
-    return tokenizer.encode("x" * (len(calls) % 3 + 1) + "<|im_end|>", add_special_tokens=False)
 
 
 def scripted_agent(args):
@@ -548,6 +524,7 @@ def scripted_agent(args):
 evaluate_command.build_agent = scripted_agent
 sys.exit(main(["eval", *args]))
 """
+)
 
 
 NO_BWRAP = os.environ.get("TOOLGYM_REQUIRE_SANDBOXES") != "1" and shutil.which("bwrap") is None

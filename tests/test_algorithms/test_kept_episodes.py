@@ -106,6 +106,17 @@ def test_a_restart_keeps_only_unlearned_episodes_of_weights_it_has(tmp_path):
 
 
 def test_keep_in_flight_is_refused_where_it_cannot_keep():
+    from toolgym.agents import SubAgent
+    from toolgym.algorithms import GRPOTrainer
+
     with pytest.raises(ValueError, match="branch_at_turn"):
         GRPOConfig(keep_in_flight=True, branch_at_turn=1)
+    with pytest.raises(ValueError, match="sub-agents"):  # before the model named is loaded
+        GRPOTrainer(
+            "no-such-model",
+            "Wordle-v0",
+            [{}],
+            args=GRPOConfig(keep_in_flight=True),
+            subagents=[SubAgent()],
+        )
     assert json.dumps(GRPOConfig(keep_in_flight=True).to_dict()["keep_in_flight"]) == "true"

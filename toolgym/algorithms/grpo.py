@@ -89,6 +89,8 @@ class GRPOTrainer:
         subagents: Sequence[SubAgent] = (),
     ) -> None:
         self.args = args = args or GRPOConfig()
+        if args.keep_in_flight and subagents:  # refused before anything loads or starts
+            raise ValueError("keep_in_flight does not keep sub-agents' episodes yet")
         self.engine_log = _route_engine_logs(args)
         """Where the engine's log lines go (None: the terminal, `verbose`)."""
         self.stages = StageClock()
@@ -123,12 +125,8 @@ class GRPOTrainer:
         self.step, self._last_step_end = 0, 0.0
         self.engine_weights = EngineWeights(self.engine, self.learner, self.accelerator)
         """Which step's weights the engine holds, and its syncs (`engine_weights`)."""
-        if args.keep_in_flight:
-            if subagents:
-                raise ValueError("keep_in_flight does not keep sub-agents' episodes yet")
-            self.sampler.kept = KeptEpisodes(
-                self.output_dir / "in-flight", lambda: self.engine_weights.newest
-            )
+        if args.keep_in_flight:  # episodes kept between turns, for a restart
+            self.sampler.kept = KeptEpisodes(self.output_dir / "in-flight", self._newest_weights)
         self.stopped_by = ""
         """Why the last `train()` ended: "max_steps" or the `max_seconds` budget."""
         self.budget = StepBudget(args.max_seconds, 0)
@@ -136,6 +134,10 @@ class GRPOTrainer:
         self.log = MetricsLog(self.output_dir, args.report_to, args.to_dict())
         self._signal = SignalWatch(args.num_generations)  # says once if a step learned nothing
         check_pipelining(args, self.engine)
+
+    def _newest_weights(self) -> int:
+        """The newest step whose weights the engine holds or is being given."""
+        return self.engine_weights.newest
 
     def _policy_and_tokenizer(self, model: Any, tokenizer: Any) -> tuple[Any, Any]:
         """The policy (loaded where `model` is a name) and its text tokenizer; a processor's

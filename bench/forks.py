@@ -1,10 +1,12 @@
 """What a snapshot and a fork of a live episode cost, per backend (issue 46 item 2).
 
-For Wordle mid-game and for an environment holding `--megabytes` of plain state, on each
-backend asked for: `snapshot()` and `fork()` latency (median and p99 of `--forks` tries) and
-the resident memory a fork adds (in this process for `local`; a sandboxed fork is a new
-worker, whose memory is its own). A peer is the same episode built from scratch: `reset` and
-replaying its calls (what a fork saves).
+For Wordle mid-game, for an environment holding `--megabytes` of plain state, and for a
+`PythonREPL` whose session holds about `--megabytes` of state the model's code built (bytes,
+a list of lists of floats, a function, a class and its instances: copied as a session image),
+on each backend asked for: `snapshot()` and `fork()` latency (median and p99 of `--forks`
+tries) and the resident memory a fork adds (in this process for `local`; a sandboxed fork is a
+new worker, whose memory is its own). A peer is the same episode built from scratch: `reset`
+and replaying its calls (what a fork saves).
 
     python bench/forks.py                          # local and process, 100 forks each
     python bench/forks.py --backends local process docker --forks 20
@@ -63,6 +65,33 @@ def holder(where: str, megabytes: int):
     return env, calls
 
 
+REPL_STATE = """
+import os, random
+random.seed(0)
+blob = os.urandom({half} * 2**20)
+rows = [[random.random() for _ in range(100)] for _ in range({rows})]
+def total(values):
+    return sum(map(sum, values))
+class Account:
+    def __init__(self, owner, balance):
+        self.owner, self.balance = owner, balance
+accounts = [Account(str(i), i) for i in range(1000)]
+len(blob) + len(rows)
+"""
+
+
+def repl(where: str, megabytes: int):
+    env = toolgym.make("PythonREPL-v0", sandbox=where)
+    env.reset(task="t", answer="1")
+    half = megabytes // 2  # the other half: floats, pickled at 9 bytes each (+ list framing)
+    code = REPL_STATE.format(half=half, rows=half * 2**20 // 910)
+    calls = [ToolCall("run", {"code": code})]
+    for call in calls:
+        result = env.step(call)
+        assert "Traceback" not in result.messages[0]["content"], result.messages[0]["content"]
+    return env, calls
+
+
 def measure(name: str, build, forks: int) -> None:
     from toolgym.envs.snapshots import NotForkable
 
@@ -111,6 +140,11 @@ def main() -> None:
         measure(
             f"{args.megabytes} MB of state, {where}",
             lambda where=where: holder(where, args.megabytes),
+            max(5, args.forks // 10),
+        )
+        measure(
+            f"REPL, {args.megabytes} MB, {where}",
+            lambda where=where: repl(where, args.megabytes),
             max(5, args.forks // 10),
         )
 

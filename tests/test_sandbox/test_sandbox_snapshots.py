@@ -88,8 +88,10 @@ def test_state_a_worker_cannot_copy_is_named():
     env = sandboxed(PythonREPL, {}, "process")
     try:
         env.reset(task="t", answer="1")
-        call(env, "run", code="x = 41")  # a session process now runs
-        with pytest.raises(NotForkable, match=r"PythonREPL in a sandbox: .*cannot be copied"):
+        call(env, "run", code="x = 41\ng = (i for i in range(3))")  # a live generator
+        with pytest.raises(
+            NotForkable, match=r"PythonREPL in a sandbox: .*cannot be copied: g \(generator"
+        ):
             env.snapshot()
         assert call(env, "run", code="print(x + 1)").strip().endswith("42")  # still usable
     finally:
@@ -98,11 +100,10 @@ def test_state_a_worker_cannot_copy_is_named():
 
 @pytest.mark.parametrize("where", BACKENDS)
 def test_a_fork_shares_no_files_descriptors_or_identity_with_its_source(where):
-    """The fork attacks: what the source's tools (a model's code, in a REPL) left in its
-    worker does not reach a fork, and what a fork does does not reach its source. The fork's
-    /tmp is its own and fresh (a file the source wrote is not there, one the fork writes is
-    not the source's); a descriptor number kept in the state names nothing of the source's in
-    the fork; each worker has its own channel and, on a root host, its own host identity."""
+    """The fork attacks: a fork starts with a copy of its source's /tmp, and from then on
+    what either writes there is its own; a descriptor number kept in the state names nothing
+    of the source's in the fork; each worker has its own channel and, on a root host, its own
+    host identity."""
     env = sandboxed(Scratchpad, {}, where)
     copies = []
     try:
@@ -111,11 +112,15 @@ def test_a_fork_shares_no_files_descriptors_or_identity_with_its_source(where):
         assert int(call(env, "hold", file="secret")) > 2
         assert call(env, "read_held") == "the source's secret"
         (fork,) = copies = env.fork(1)
-        assert call(fork, "read", file="secret").startswith("unreadable")
+        assert call(fork, "read", file="secret") == "the source's secret"  # a copy
         assert "secret" not in call(fork, "read_held")  # the number, not the source's file
+        assert call(fork, "write", file="secret", text="the fork's") == "written"
         assert call(fork, "write", file="planted", text="from the fork") == "written"
         assert call(env, "read", file="planted").startswith("unreadable")
+        assert call(env, "read", file="secret") == "the source's secret"
         assert call(env, "read_held") == "the source's secret"  # the source's own file is intact
+        assert call(env, "write", file="later", text="after the fork") == "written"
+        assert call(fork, "read", file="later").startswith("unreadable")
         assert fork.executor.channel is not env.executor.channel
         if os.geteuid() == 0:
             assert fork.isolation.user != env.isolation.user
@@ -123,3 +128,29 @@ def test_a_fork_shares_no_files_descriptors_or_identity_with_its_source(where):
         for each in (env, *copies):
             each.close()
     assert not any(each.alive for each in (env, *copies))
+
+
+@pytest.mark.parametrize("where", BACKENDS)
+def test_a_restore_brings_back_the_worker_s_tmp(where):
+    """`restore` puts /tmp back as it was at the snapshot (files since then go); a link the
+    model's code made to a file outside /tmp is not carried into a fork."""
+    env = sandboxed(PythonREPL, {}, where)
+    copies = []
+    try:
+        env.reset(task="t", answer="1")
+        call(env, "run", code="import os\nos.makedirs('/tmp/a/b')")
+        call(env, "run", code="open('/tmp/a/b/f', 'w').write('1')")
+        call(env, "run", code="os.symlink('/etc/hostname', '/tmp/out')\nos.symlink('a', '/tmp/in')")
+        snap = env.snapshot()
+        call(env, "run", code="open('/tmp/a/b/f', 'w').write('2'); open('/tmp/new', 'w').close()")
+        env.restore(snap)
+        names = "sorted(n for n in os.listdir('/tmp') if not n.startswith('toolgym-session-'))"
+        listing = f"{names}, open('/tmp/a/b/f').read(), os.readlink('/tmp/in')"
+        shown = call(env, "run", code=f"import os\n{listing}")
+        assert shown.endswith("value: (['a', 'in'], '1', 'a')"), shown  # no 'new', no 'out'
+
+        (fork,) = copies = env.fork(1)
+        assert call(fork, "run", code=f"import os\n{listing}") == shown
+    finally:
+        for each in (env, *copies):
+            each.close()

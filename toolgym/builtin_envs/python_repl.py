@@ -12,7 +12,13 @@ from typing import Any
 
 from toolgym.envs.calls import EPISODE_OVER, ToolError
 from toolgym.envs.core import Environment
-from toolgym.sandbox.python_session import OUTPUT_LIMIT, PythonSession, SessionStartError
+from toolgym.envs.snapshots import NotForkable
+from toolgym.sandbox.python_session import (
+    OUTPUT_LIMIT,
+    PythonSession,
+    SessionImageError,
+    SessionStartError,
+)
 
 
 class PythonREPL(Environment):
@@ -84,6 +90,30 @@ class PythonREPL(Environment):
         if self.answer is not None and not self.done:
             self.reward = float(text.strip() == self.answer.strip())
             self.done = True
+
+    def snapshot_state(self) -> dict[str, Any]:
+        """What a snapshot keeps: this object's attributes, and the session's namespace as
+        an image (`PythonSession.image`: variables, functions, classes, imported modules and
+        the files in its working folder; not threads it started). Raises `NotForkable` naming
+        what the image cannot carry."""
+        state = {name: value for name, value in vars(self).items() if name != "session"}
+        try:
+            state["session_image"] = self.session.image() if self.session is not None else None
+        except SessionImageError as error:
+            raise NotForkable(f"{type(self).__name__}'s session: {error}") from None
+        return state
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        """Back to a `snapshot_state`: a new session holding the image's names (a fork's
+        session is its own process; the session this object had is left to its owner)."""
+        image = state.pop("session_image", None)
+        vars(self).update(state)
+        self.session = PythonSession(self.run_timeout, self.output_limit)
+        if image is not None:
+            try:
+                self.session.load_image(image)
+            except SessionImageError as error:
+                raise NotForkable(f"{type(self).__name__}'s session: {error}") from None
 
     def close(self) -> None:
         if self.session is not None:

@@ -207,8 +207,9 @@ class Executor(abc.ABC):
         """Go back to a state `snapshot` returned."""
         raise NotForkable(f"{type(self).__name__}: {self._not_forkable}")
 
-    def fork(self) -> Executor:
-        """An independent executor over a copy of this one's environment, mid-episode."""
+    def fork(self, n: int = 1) -> list[Executor]:
+        """`n` independent executors, each over a copy of this one's environment,
+        mid-episode."""
         raise NotForkable(f"{type(self).__name__}: {self._not_forkable}")
 
     _not_forkable = "environments that live here are not snapshotted or forked yet"
@@ -286,10 +287,18 @@ class LocalExecutor(Executor):
         restore_into(self.instance, state["instance"])
         self.answered = state["answered"]
 
-    def fork(self) -> LocalExecutor:
-        copy = LocalExecutor(forked(self.instance))
-        copy.answered = self.answered
-        return copy
+    def fork(self, n: int = 1) -> list[Executor]:
+        copies: list[Executor] = []
+        try:
+            for _ in range(n):
+                copy = LocalExecutor(forked(self.instance))
+                copy.answered = self.answered
+                copies.append(copy)
+        except BaseException:
+            for made in copies:
+                made.close()
+            raise
+        return copies
 
     def run(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
         if self._over():
@@ -495,15 +504,10 @@ class Stepper:
         if n < 1:
             raise ValueError("fork(n) needs n >= 1")
         copies = []
-        try:
-            for _ in range(n):
-                copy = self._around(self.executor.fork())
-                copy.state = deepcopy(self.state)
-                copies.append(copy)
-        except BaseException:
-            for made in copies:
-                made.close()
-            raise
+        for executor in self.executor.fork(n):
+            copy = self._around(executor)
+            copy.state = deepcopy(self.state)
+            copies.append(copy)
         return copies
 
     def _around(self, executor: Executor) -> Stepper:

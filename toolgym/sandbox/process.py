@@ -626,14 +626,15 @@ class ProcessChannel(Channel):
         fd = self.process.stdin.fileno()
         os.set_blocking(fd, False)
         deadline = time.monotonic() + timeout
+        view = memoryview(data)  # no copies of what is left (a snapshot may be large)
         with selectors.DefaultSelector() as writable:
             writable.register(fd, selectors.EVENT_WRITE)
-            while data:
+            while view:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or not writable.select(remaining):
                     raise TimeoutError
                 try:
-                    data = data[os.write(fd, data) :]
+                    view = view[os.write(fd, view) :]
                 except BlockingIOError:
                     continue
 

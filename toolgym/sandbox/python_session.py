@@ -11,7 +11,8 @@ namespace:
     session.run("x + 1").value          # '42'
     session.close()
 
-The session process has no descriptor but its own socket (stdin, stdout and stderr are
+The session process runs in a working folder of its own (a new temporary folder, removed when
+the session stops) and has no descriptor but its own socket (stdin, stdout and stderr are
 /dev/null; what the code prints is captured there, cut to `output_limit`, and sent back), an
 environment of PATH/HOME/LANG only, and imports nothing from toolgym or the environment
 (`python -I python_session.py`). Inside a worker it inherits the worker's limits and walls; the
@@ -37,6 +38,7 @@ import io
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -51,6 +53,15 @@ from typing import Any
 OUTPUT_LIMIT = 4000
 """Characters of stdout, of stderr and of the last expression's repr that a run returns; the
 rest is cut and replaced by a note saying how much was dropped."""
+
+IMAGE_LIMIT = 256 * 2**20
+"""The most bytes a session's image (`PythonSession.image`) may be."""
+
+IMAGE_SECONDS = 60.0
+"""How long making or loading an image may take (at least; a session's own timeout if longer)."""
+
+_IMAGE_ERROR_CHARS = 2000
+"""Characters of a session's word on why its image failed that the host reads."""
 
 _ZYGOTE_ANSWER_SECONDS = 5.0
 """How long a worker waits for its zygote to fork a session before declaring it lost."""
@@ -90,7 +101,7 @@ class PythonSession:
     def run(self, code: str) -> RunOutput:
         """Run `code` in the session and return what it printed and its final value."""
         if self._process is None:
-            self._process = _start_session()
+            self._process = self._begin()
         self._next_id += 1
         request = {"id": self._next_id, "code": code, "limit": self.output_limit}
         try:
@@ -99,6 +110,69 @@ class PythonSession:
         except _SessionEnded as ended:
             self.close()
             return RunOutput(ended=f"{ended}; its state is lost and the next run starts afresh")
+
+    def image(self) -> bytes | None:
+        """The session's namespace as bytes (`toolgym.sandbox.session_image`): what
+        `load_image` puts into another session. None when no session process runs (nothing
+        ran yet, or it ended). Raises `SessionImageError` naming what cannot be copied (a
+        generator, an open file, a thread, ...); a session that times out or breaks the
+        protocol meanwhile is stopped, and its state is lost."""
+        if self._process is None:
+            return None
+        self._next_id += 1
+        request = {"id": self._next_id, "image": IMAGE_LIMIT}
+        try:
+            header, data = self._process.take_image(request, self._image_seconds(), IMAGE_LIMIT)
+        except _SessionEnded as ended:
+            self.close()
+            raise SessionImageError(f"{ended}; its state is lost") from None
+        if "error" in header:
+            raise SessionImageError(_cut(str(header["error"]), _IMAGE_ERROR_CHARS))
+        return data
+
+    def load_image(self, image: bytes) -> None:
+        """Start a fresh session process (stopping any that runs) holding `image`'s names.
+        Raises `SessionImageError` if they do not load (the session is stopped then)."""
+        self.close()
+        self._process = self._begin()
+        self._next_id += 1
+        request = {"id": self._next_id, "load": len(image)}
+        try:
+            limit = _reply_bytes(_IMAGE_ERROR_CHARS)
+            line = self._process.exchange(request, self._image_seconds(), limit, image)
+            reply = json.loads(line)
+            if not isinstance(reply, dict) or reply.get("id") != self._next_id:
+                raise _SessionEnded("the session broke its protocol (an unreadable reply)")
+        except (_SessionEnded, ValueError, RecursionError) as error:
+            self.close()
+            raise SessionImageError(f"the image did not load: {error}") from None
+        if reply.get("loaded") is not True:
+            self.close()
+            why = _cut(str(reply.get("error")), _IMAGE_ERROR_CHARS)
+            raise SessionImageError(f"the image did not load: {why}")
+
+    def _image_seconds(self) -> float:
+        return max(self.timeout, IMAGE_SECONDS)
+
+    def _begin(self) -> _SessionProcess:
+        """A new session process in a working folder of its own (removed when it stops)."""
+        folder = tempfile.mkdtemp(prefix="toolgym-session-")
+        try:
+            process = _start_session(folder)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        self._next_id += 1
+        request = {"id": self._next_id, "folder": folder}
+        try:
+            reply = json.loads(process.exchange(request, _ZYGOTE_ANSWER_SECONDS, 4096))
+            ready = isinstance(reply, dict) and reply == {"id": self._next_id, "ready": True}
+        except (_SessionEnded, ValueError, RecursionError):
+            ready = False
+        if not ready:
+            process.kill()
+            raise SessionStartError("a new session did not take its working folder")
+        return process
 
     def close(self) -> None:
         """Stop the session's process (idempotent)."""
@@ -117,6 +191,10 @@ class SessionStartError(RuntimeError):
     """No session process could be started."""
 
 
+class SessionImageError(RuntimeError):
+    """A session's namespace could not be copied (`PythonSession.image`) or loaded."""
+
+
 class _SessionEnded(Exception):
     pass
 
@@ -128,18 +206,55 @@ class _SessionProcess:
     its own): a thread or process the code started in one run does not compute until the next
     run, where it shares that run's time limit. Background work dies with its call."""
 
-    def __init__(self, sock: socket.socket, pid: int, popen: subprocess.Popen | None) -> None:
-        self.sock, self.pid, self.popen = sock, pid, popen
+    def __init__(
+        self, sock: socket.socket, pid: int, popen: subprocess.Popen | None, folder: str
+    ) -> None:
+        self.sock, self.pid, self.popen, self.folder = sock, pid, popen, folder
         self._buffer = b""
-        self._finalizer = weakref.finalize(self, _kill, sock, pid, popen)
+        self._finalizer = weakref.finalize(self, _kill, sock, pid, popen, folder)
 
-    def exchange(self, request: dict[str, Any], timeout: float, limit: int) -> bytes:
-        """Send one request and read its reply line, thawing the session for that time."""
+    def exchange(
+        self, request: dict[str, Any], timeout: float, limit: int, payload: bytes = b""
+    ) -> bytes:
+        """Send one request (and `payload`'s bytes after it) and read its reply line,
+        thawing the session for that time."""
         self._signal(signal.SIGCONT)
         try:
-            return self._exchange(request, timeout, limit)
+            deadline = time.monotonic() + timeout
+            self._send(json.dumps(request).encode() + b"\n" + payload, deadline, timeout)
+            line = self._read_line(deadline, timeout, limit)
+            if self._buffer:
+                raise _SessionEnded("the session broke its protocol (a reply nobody asked for)")
+            return line
         finally:
             self._signal(signal.SIGSTOP)  # frozen until the next call (or killed)
+
+    def take_image(
+        self, request: dict[str, Any], timeout: float, limit: int
+    ) -> tuple[dict[str, Any], bytes]:
+        """Ask for the session's image: its reply header, and the bytes it announced (at
+        most `limit`)."""
+        self._signal(signal.SIGCONT)
+        try:
+            deadline = time.monotonic() + timeout
+            self._send(json.dumps(request).encode() + b"\n", deadline, timeout)
+            line = self._read_line(deadline, timeout, _reply_bytes(_IMAGE_ERROR_CHARS))
+            try:
+                header = json.loads(line)
+                valid = isinstance(header, dict) and header.get("id") == request["id"]
+                size = header.get("image") if valid else None
+            except (ValueError, RecursionError):
+                valid, size = False, None
+            if valid and isinstance(header.get("error"), str) and not self._buffer:
+                return header, b""
+            if not (valid and type(size) is int and 0 <= size <= limit):
+                raise _SessionEnded("the session broke its protocol (an unreadable image)")
+            data = self._read_bytes(size, deadline, timeout)
+            if self._buffer:
+                raise _SessionEnded("the session broke its protocol (a reply nobody asked for)")
+            return header, data
+        finally:
+            self._signal(signal.SIGSTOP)
 
     def _signal(self, number: int) -> None:
         """Signal the session's process (and, where it leads a group, the group's)."""
@@ -149,26 +264,34 @@ class _SessionProcess:
             else:
                 os.kill(self.pid, number)  # forked from a zygote, whose group it shares
 
-    def _exchange(self, request: dict[str, Any], timeout: float, limit: int) -> bytes:
-        deadline = time.monotonic() + timeout
-        self._send(json.dumps(request).encode() + b"\n", deadline, timeout)
+    def _read_line(self, deadline: float, timeout: float, limit: int) -> bytes:
+        """The next line the session sent (what follows it stays in the buffer)."""
         while b"\n" not in self._buffer:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.sock], [], [], left)[0]:
-                raise _SessionEnded(f"the code ran past {timeout:g} s and was stopped")
-            try:
-                chunk = self.sock.recv(1 << 16)
-            except OSError:
-                chunk = b""
-            if not chunk:
-                raise _SessionEnded("the session's process ended")
-            self._buffer += chunk
+            self._buffer += self._receive(1 << 16, deadline, timeout)
             if len(self._buffer) > limit:
                 raise _SessionEnded("the session broke its protocol (an oversized reply)")
         line, _, self._buffer = self._buffer.partition(b"\n")
-        if self._buffer:
-            raise _SessionEnded("the session broke its protocol (a reply nobody asked for)")
         return line
+
+    def _read_bytes(self, size: int, deadline: float, timeout: float) -> bytes:
+        """Exactly `size` bytes, the buffer's first."""
+        data = bytearray(self._buffer[:size])
+        self._buffer = self._buffer[size:]
+        while len(data) < size:
+            data += self._receive(min(1 << 20, size - len(data)), deadline, timeout)
+        return bytes(data)
+
+    def _receive(self, most: int, deadline: float, timeout: float) -> bytes:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([self.sock], [], [], left)[0]:
+            raise _SessionEnded(f"the code ran past {timeout:g} s and was stopped")
+        try:
+            chunk = self.sock.recv(most)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            raise _SessionEnded("the session's process ended")
+        return chunk
 
     def _send(self, data: bytes, deadline: float, timeout: float) -> None:
         """All of `data` before `deadline` (a session that stops reading cannot hang us)."""
@@ -186,7 +309,7 @@ class _SessionProcess:
         self._finalizer()
 
 
-def _kill(sock: socket.socket, pid: int, popen: subprocess.Popen | None) -> None:
+def _kill(sock: socket.socket, pid: int, popen: subprocess.Popen | None, folder: str) -> None:
     sock.close()
     with contextlib.suppress(OSError):
         if popen is not None:
@@ -195,6 +318,7 @@ def _kill(sock: socket.socket, pid: int, popen: subprocess.Popen | None) -> None
             os.kill(pid, signal.SIGKILL)
     if popen is not None:
         popen.wait()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _reply_bytes(output_limit: int) -> int:
@@ -224,9 +348,10 @@ def _read_reply(line: bytes, request_id: int, limit: int) -> RunOutput:
 
 
 # -- starting sessions -------------------------------------------------------------------------
-def _start_session() -> _SessionProcess:
+def _start_session(folder: str) -> _SessionProcess:
+    """A session process (not yet told `folder`, its working folder, which goes with it)."""
     if _zygote is not None:
-        return _zygote.fork_session()
+        return _zygote.fork_session(folder)
     try:
         host, popen = _spawn("--session", start_new_session=True)
     except OSError as error:
@@ -234,7 +359,7 @@ def _start_session() -> _SessionProcess:
             f"cannot start a process for the model's code ({error.strerror or error}); a "
             "sandboxed environment that runs model code must declare `runs_model_code = True`"
         ) from None
-    return _SessionProcess(host, popen.pid, popen)
+    return _SessionProcess(host, popen.pid, popen, folder)
 
 
 def _spawn(role: str, start_new_session: bool = False) -> tuple[socket.socket, subprocess.Popen]:
@@ -277,7 +402,7 @@ class _Zygote:
     def __init__(self) -> None:
         self.sock, self.popen = _spawn("--zygote")
 
-    def fork_session(self) -> _SessionProcess:
+    def fork_session(self, folder: str) -> _SessionProcess:
         try:
             self.sock.settimeout(_ZYGOTE_ANSWER_SECONDS)
             self.sock.sendall(b"n")
@@ -290,7 +415,7 @@ class _Zygote:
                 os.close(fd)
             self.popen.kill()
             raise SessionStartError("the session zygote is gone (the model's code killed it?)")
-        return _SessionProcess(socket.socket(fileno=fds[0]), int(message), None)
+        return _SessionProcess(socket.socket(fileno=fds[0]), int(message), None, folder)
 
     def lost(self) -> bool:
         """Dead, or stopped (a same-user process can SIGSTOP it): either way, no more
@@ -350,8 +475,62 @@ def _serve_session(fd: int) -> None:
     reader = sock.makefile("rb")
     for line in reader:
         request = json.loads(line)
-        reply = {"id": request["id"], **_run(request["code"], namespace, request["limit"])}
+        if "folder" in request:  # the first request: where the code's files go
+            os.chdir(request["folder"])
+            _working_folder.append(request["folder"])
+            reply = {"id": request["id"], "ready": True}
+        elif "image" in request:
+            header, data = _image(namespace, request["image"])
+            sock.sendall(json.dumps({"id": request["id"], **header}).encode() + b"\n" + data)
+            continue
+        elif "load" in request:
+            reply = {"id": request["id"], **_load(namespace, reader.read(request["load"]))}
+        else:
+            reply = {"id": request["id"], **_run(request["code"], namespace, request["limit"])}
         sock.sendall(json.dumps(reply).encode() + b"\n")
+
+
+_working_folder: list[str] = []
+"""The session's working folder (its first request names it): its files go into an image."""
+
+
+def _image(namespace: dict[str, Any], limit: int) -> tuple[dict[str, Any], bytes]:
+    """The namespace's image (`session_image.make_image`), or why there is none."""
+    try:
+        data = _image_module().make_image(namespace, _working_folder[-1], limit)
+    except Exception as error:  # ImageError names what cannot be copied
+        return {"error": _cut(str(error), _IMAGE_ERROR_CHARS)}, b""
+    if len(data) > limit:
+        return {"error": f"the session's state is {len(data):,} bytes, over {limit:,}"}, b""
+    return {"image": len(data)}, data
+
+
+def _load(namespace: dict[str, Any], data: bytes) -> dict[str, Any]:
+    try:
+        _image_module().load_image(namespace, data, _working_folder[-1])
+    except Exception as error:  # a module the image names is missing here, ...
+        return {
+            "loaded": False,
+            "error": _cut(f"{type(error).__name__}: {error}", _IMAGE_ERROR_CHARS),
+        }
+    return {"loaded": True}
+
+
+@functools.cache
+def _image_module() -> Any:
+    """`session_image.py`, beside this file, loaded by path (a session imports nothing from
+    toolgym) under the name the images it pickles refer to."""
+    import importlib.util
+
+    name = "_toolgym_session_image"
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "session_image.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def _run(code: str, namespace: dict[str, Any], limit: int) -> dict[str, Any]:
@@ -378,11 +557,14 @@ def _run(code: str, namespace: dict[str, Any], limit: int) -> dict[str, Any]:
 def _execute(code: str, namespace: dict[str, Any]) -> Any:
     tree = ast.parse(code, mode="exec")
     last = tree.body[-1] if tree.body else None
+    # dont_inherit: the code gets plain Python, not this file's `from __future__` semantics
+    # (string annotations would break a dataclass the code defines)
     if isinstance(last, ast.Expr):
         tree.body.pop()
-        exec(compile(tree, "<repl>", "exec"), namespace)
-        return eval(compile(ast.Expression(last.value), "<repl>", "eval"), namespace)
-    exec(compile(tree, "<repl>", "exec"), namespace)
+        exec(compile(tree, "<repl>", "exec", dont_inherit=True), namespace)
+        expression = ast.Expression(last.value)
+        return eval(compile(expression, "<repl>", "eval", dont_inherit=True), namespace)
+    exec(compile(tree, "<repl>", "exec", dont_inherit=True), namespace)
     return None
 
 

@@ -286,6 +286,10 @@ class RayChannel(Channel):
     """The host's end of a worker in a Ray actor: bytes relayed by actor calls, every one
     under a timeout; protocol checks here, as for any channel."""
 
+    snapshot_bytes = MAX_REPLY_BYTES // 2
+    """A snapshot's reply passes the actor's relay, which carries one reply line of at most
+    `MAX_REPLY_BYTES`."""
+
     def __init__(
         self,
         actor: Any,

@@ -38,7 +38,7 @@ from toolgym.envs.inline import InlineStep, as_inline_step
 from toolgym.envs.snapshots import NotForkable
 from toolgym.envs.stepping import Executor, Stepper
 from toolgym.envs.tools import checked_blocks, tool_table
-from toolgym.sandbox.worker import PROTOCOL_VERSION
+from toolgym.sandbox.worker import MAX_SNAPSHOT_CHARS, PROTOCOL_VERSION
 
 _log = logging.getLogger(__name__)
 
@@ -118,6 +118,10 @@ class Channel(ABC):
     """A byte stream to one worker: JSON lines out, JSON lines back."""
 
     isolation: Isolation
+
+    snapshot_bytes: int = MAX_SNAPSHOT_CHARS
+    """The most characters a snapshot's state may carry through this channel (the worker
+    says `NotForkable` past it)."""
 
     def __init__(self) -> None:
         self._buffer = b""
@@ -205,7 +209,10 @@ class Channel(ABC):
         self.kill()
 
     def _read_message(self, deadline: float, op: str) -> dict[str, Any]:
-        while b"\n" not in self._buffer:
+        limit = self.snapshot_bytes + MAX_REPLY_BYTES if op == "snapshot" else MAX_REPLY_BYTES
+        buffer, searched = bytearray(self._buffer), 0  # a snapshot's line may be large
+        while (end := buffer.find(b"\n", searched)) < 0:
+            searched = len(buffer)
             remaining = deadline - time.monotonic()
             try:
                 if remaining <= 0:
@@ -221,11 +228,12 @@ class Channel(ABC):
                 why = self.exit_description()
                 self.kill()
                 raise SandboxError(f"worker died during {op} ({why})")
-            self._buffer += chunk
-            if len(self._buffer) > MAX_REPLY_BYTES:
+            buffer += chunk
+            if len(buffer) > limit:
+                self._buffer = b""
                 self.kill()
-                raise SandboxError(f"worker reply to {op} exceeds {MAX_REPLY_BYTES} bytes")
-        line, _, self._buffer = self._buffer.partition(b"\n")
+                raise SandboxError(f"worker reply to {op} exceeds {limit:,} bytes")
+        line, self._buffer = bytes(buffer[:end]), bytes(buffer[end + 1 :])
         try:  # NaN and Infinity are no JSON: a worker sending them is broken or forged
             return json.loads(line, parse_constant=_not_json)
         except (ValueError, RecursionError) as error:
@@ -312,7 +320,11 @@ class RemoteExecutor(Executor):
         """The episode's state as the worker pickles it, kept opaque: the host never unpickles
         what a worker (and the model's code in it) wrote; only a worker does, in `restore`."""
         try:
-            return {"pickled": self.request("snapshot"), "target": self.target.__qualname__}
+            channel = self.channel
+            limit = channel.snapshot_bytes if channel is not None else 0
+            private_tmp = channel is not None and channel.isolation.filesystem != "host"
+            pickled = self.request("snapshot", limit=limit, files=private_tmp)
+            return {"pickled": pickled, "target": self.target.__qualname__}
         except RemoteError as error:
             if error.type == "NotForkable":
                 raise NotForkable(f"{self.target.__qualname__} in a sandbox: {error}") from None
@@ -324,20 +336,24 @@ class RemoteExecutor(Executor):
         self.request("restore", state=state["pickled"])
         self._episodes = max(self._episodes, 1)
 
-    def fork(self) -> RemoteExecutor:
-        """A new sandbox (a fresh worker: its own identity, limits and /tmp) of the same class,
-        with this episode's state restored in it. Files the model's code wrote in this
-        worker's /tmp are not copied."""
+    def fork(self, n: int = 1) -> list[Executor]:
+        """`n` new sandboxes (fresh workers: each its own identity, limits and /tmp) of the
+        same class, with this episode's state (snapshotted once) restored in each, and a copy
+        of the files in this worker's /tmp where it is the sandbox's own (not the host's)."""
         state = self.snapshot()
-        copy = RemoteExecutor(
-            self.target, self.kwargs, self.backend, self.call_timeout, self.start_timeout
-        )
+        copies: list[Executor] = []
         try:
-            copy.restore(state)
+            for _ in range(n):
+                copy = RemoteExecutor(
+                    self.target, self.kwargs, self.backend, self.call_timeout, self.start_timeout
+                )
+                copies.append(copy)
+                copy.restore(state)
         except BaseException:
-            copy.close()
+            for made in copies:
+                made.close()
             raise
-        return copy
+        return copies
 
     def run(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:
         value = self._model_request("call", name=call.name, arguments=arguments)

@@ -20,9 +20,11 @@ OP is one of:
     invoke  {"name", "args"}               a protocol method: get_reward, final_answer,
                                            user_turn, inline_step, demonstration,
                                            episode_metrics, close
-    snapshot {}                            -> the episode's state, pickled and base64-encoded
-                                           (opaque to the host, which never unpickles it)
-    restore {"state"}                      a snapshot's state back into this instance
+    snapshot {"limit", "files"}            -> the episode's state and, with "files", an archive of
+                                           this worker's private /tmp, pickled and base64-
+                                           encoded (opaque to the host, which never unpickles it)
+    restore {"state"}                      a snapshot's state back into this instance (and its
+                                           /tmp files into this worker's /tmp)
     ping    {}                             -> "pong" (health check)
     exit    {}                             the worker replies, then exits
 
@@ -44,7 +46,7 @@ import platform
 import signal
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
 from toolgym.envs.calls import ToolCall
@@ -61,10 +63,102 @@ from toolgym.sandbox.python_session import (
 
 PROTOCOL_VERSION = 2
 MAX_CONTENT_CHARS = 1_000_000
-MAX_SNAPSHOT_CHARS = 8 * 2**20
-"""The most a snapshot's pickled state may be (base64): under the host's reply limit."""
 """A tool result longer than this is cut (the protocol stays responsive whatever a tool
 returns; environments should truncate to what a model can read long before this)."""
+MAX_SNAPSHOT_CHARS = 512 * 2**20
+"""The most a snapshot's pickled state may be (base64), whatever the host asks: a host reads
+a snapshot's reply up to the limit it asked for (a channel's `snapshot_bytes`)."""
+
+
+_SESSION_FOLDERS = "toolgym-session-"
+"""Working folders of `PythonSession`s: a session's image carries its own files."""
+
+
+def _scratch_entries() -> list[str]:
+    """The paths of /tmp's own entries: not sessions' working folders, and not what is
+    mounted there (the read-only view of a project or venv that lives under the host's /tmp)."""
+    import tempfile
+
+    folder = tempfile.gettempdir()
+    device = os.lstat(folder).st_dev
+    paths = [os.path.join(folder, name) for name in sorted(os.listdir(folder))]
+    return [
+        path
+        for path in paths
+        if not os.path.basename(path).startswith(_SESSION_FOLDERS)
+        and os.lstat(path).st_dev == device
+    ]
+
+
+def _scratch_archive(limit: int) -> bytes:
+    """This worker's /tmp (a sandbox's private one) as a tar archive (`_scratch_entries`,
+    and nothing mounted below them); `NotForkable` past `limit` bytes."""
+    import io
+    import tarfile
+    import tempfile
+
+    folder, buffer = tempfile.gettempdir(), io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for path in _scratch_paths(folder):
+            archive.add(path, arcname=os.path.relpath(path, folder), recursive=False)
+            if buffer.tell() > limit:
+                raise NotForkable(f"the files in /tmp are over the {limit:,} a snapshot may carry")
+    return buffer.getvalue()
+
+
+def _scratch_paths(folder: str) -> Iterator[str]:
+    """Every path under /tmp's own entries, folders before what they hold, on /tmp's file
+    system only."""
+    device = os.lstat(folder).st_dev
+    for top in _scratch_entries():
+        yield top
+        if not os.path.isdir(top) or os.path.islink(top):
+            continue
+        for root, folders, files in os.walk(top):
+            folders[:] = [f for f in folders if os.lstat(os.path.join(root, f)).st_dev == device]
+            for name in sorted(folders) + sorted(files):
+                yield os.path.join(root, name)
+
+
+def _unpack_scratch(data: bytes) -> None:
+    """/tmp's own entries replaced by a `_scratch_archive`'s: folders, regular files and links
+    that stay inside /tmp, permission bits only (no owners, devices or set-id bits); anything
+    else, or anything that would land outside /tmp, is left out. (Written out rather than
+    tarfile's data filter, which Python before 3.11.4, a worker image's, lacks.)"""
+    import io
+    import shutil
+    import tarfile
+    import tempfile
+
+    for path in _scratch_entries():
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    folder = os.path.realpath(tempfile.gettempdir())
+
+    def inside(path: str) -> bool:
+        return os.path.commonpath([folder, path]) == folder and path != folder
+
+    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+        for member in archive:
+            path = os.path.realpath(os.path.join(folder, member.name))  # through links made
+            if not inside(path) or (os.path.lexists(path) and not member.isdir()):
+                continue
+            if member.isdir():
+                os.makedirs(path, exist_ok=True)
+                os.chmod(path, member.mode & 0o777 | 0o700)
+            elif member.isfile():
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                source = archive.extractfile(member)
+                assert source is not None  # a regular file's
+                with source, open(path, "wb") as target:
+                    shutil.copyfileobj(source, target)
+                os.chmod(path, member.mode & 0o777)
+            elif member.issym():
+                pointed = os.path.join(os.path.dirname(path), member.linkname)
+                if inside(os.path.realpath(pointed)):
+                    os.symlink(member.linkname, path)
 
 
 class SpoiledWorker(RuntimeError):
@@ -200,16 +294,22 @@ class Worker:
     def _op_snapshot(self, request: dict[str, Any]) -> str:
         """The episode's state (`LocalExecutor.snapshot`), pickled: only a worker unpickles
         it, never the host (the model's code may have shaped it)."""
-        blob = base64.b64encode(pickle.dumps(self.executor.snapshot())).decode()
-        if len(blob) > MAX_SNAPSHOT_CHARS:
+        limit = min(int(request.get("limit", MAX_SNAPSHOT_CHARS)), MAX_SNAPSHOT_CHARS)
+        files = _scratch_archive(limit) if request.get("files") else None
+        saved = {"episode": self.executor.snapshot(), "files": files}
+        blob = base64.b64encode(pickle.dumps(saved)).decode()
+        if len(blob) > limit:
             raise NotForkable(
                 f"the episode's state is {len(blob):,} characters pickled, over the "
-                f"{MAX_SNAPSHOT_CHARS:,} a snapshot may carry"
+                f"{limit:,} a snapshot may carry here"
             )
         return blob
 
     def _op_restore(self, request: dict[str, Any]) -> None:
-        self.executor.restore(pickle.loads(base64.b64decode(request["state"])))
+        saved = pickle.loads(base64.b64decode(request["state"]))
+        if saved["files"] is not None:  # first: a restored environment may read them
+            _unpack_scratch(saved["files"])
+        self.executor.restore(saved["episode"])
 
     def _op_ping(self, request: dict[str, Any]) -> str:
         return "pong"

@@ -132,8 +132,9 @@ def test_a_fork_shares_no_files_descriptors_or_identity_with_its_source(where):
 
 @pytest.mark.parametrize("where", BACKENDS)
 def test_a_restore_brings_back_the_worker_s_tmp(where):
-    """`restore` puts /tmp back as it was at the snapshot (files since then go); a link the
-    model's code made to a file outside /tmp is not carried into a fork."""
+    """`restore` puts /tmp back as it was at the snapshot (files since then go, a folder the
+    code made read-only included); only links that point downward are carried (one to a file
+    outside /tmp, or one that climbs with `..`, is not)."""
     env = sandboxed(PythonREPL, {}, where)
     copies = []
     try:
@@ -141,6 +142,7 @@ def test_a_restore_brings_back_the_worker_s_tmp(where):
         call(env, "run", code="import os\nos.makedirs('/tmp/a/b')")
         call(env, "run", code="open('/tmp/a/b/f', 'w').write('1')")
         call(env, "run", code="os.symlink('/etc/hostname', '/tmp/out')\nos.symlink('a', '/tmp/in')")
+        call(env, "run", code="os.symlink('in/../..', '/tmp/up')\nos.chmod('/tmp/a/b', 0o500)")
         snap = env.snapshot()
         call(env, "run", code="open('/tmp/a/b/f', 'w').write('2'); open('/tmp/new', 'w').close()")
         env.restore(snap)
@@ -154,3 +156,88 @@ def test_a_restore_brings_back_the_worker_s_tmp(where):
     finally:
         for each in (env, *copies):
             each.close()
+
+
+@needs_bwrap
+def test_a_sandbox_s_tmp_never_lands_in_the_host_s(tmp_path):
+    """A snapshot that carries a sandbox's /tmp restores only into a worker whose /tmp is its
+    own: a process worker without bubblewrap shares the host's, and refuses by name."""
+    from toolgym.sandbox.process import ProcessBackend
+
+    env = sandboxed(Scratchpad, {}, "process")
+    bare = sandboxed(Scratchpad, {}, ProcessBackend(bubblewrap=False))
+    try:
+        env.reset()
+        assert call(env, "write", file=f"{tmp_path.name}-copy", text="x") == "written"
+        bare.reset()
+        with pytest.raises(Exception, match="this worker's /tmp is the host's"):
+            bare.restore(env.snapshot())
+        bare_copy = bare.snapshot()  # and a bare worker's snapshot carries no /tmp
+        assert not os.path.exists(f"/tmp/{tmp_path.name}-copy")  # the bare worker's /tmp
+        env.restore(bare_copy)
+        assert call(env, "read", file=f"{tmp_path.name}-copy") == "x"  # left as it was
+    finally:
+        env.close()
+        bare.close()
+
+
+@needs_bwrap
+def test_files_over_the_limit_are_refused_before_they_are_read(monkeypatch):
+    """A sparse file costs its size: counted before it is read, so a huge one is a quick,
+    named `NotForkable` (not the worker's memory)."""
+    from toolgym.sandbox.process import ProcessChannel
+
+    monkeypatch.setattr(ProcessChannel, "snapshot_bytes", 1_000_000)
+    env = sandboxed(PythonREPL, {}, "process")
+    try:
+        env.reset(task="t", answer="1")
+        sparse = "import os\nos.truncate(open('/tmp/huge', 'wb').name, 50 * 2**20)"
+        made = call(env, "run", code=sparse)
+        assert "Traceback" not in made, made
+        with pytest.raises(NotForkable, match="files in /tmp are over the 1,000,000"):
+            env.snapshot()
+    finally:
+        env.close()
+
+
+@pytest.fixture
+def fake_tmp(tmp_path, monkeypatch):
+    """A folder standing in for a worker's /tmp (the unpacking code's own, in this process)."""
+    import tempfile
+
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+def test_unpacking_keeps_files_and_downward_links_only(fake_tmp, tmp_path):
+    from toolgym.sandbox import worker
+
+    (fake_tmp / "a" / "b").mkdir(parents=True)
+    (fake_tmp / "a" / "b" / "f").write_text("1")
+    (fake_tmp / "in").symlink_to("a/b")
+    (fake_tmp / "up").symlink_to("in/../..")
+    (fake_tmp / "out").symlink_to(tmp_path)
+    os.mkfifo(fake_tmp / "fifo")
+    archive = worker._scratch_archive(10**6)
+    (fake_tmp / "a" / "b" / "f").write_text("2")
+    (fake_tmp / "later").write_text("x")
+    (fake_tmp / "a" / "b").chmod(0o500)  # read-only: cleared all the same
+    worker._unpack_scratch(archive)
+    assert sorted(os.listdir(fake_tmp)) == ["a", "in"]  # no later, up, out or fifo
+    assert (fake_tmp / "in" / "f").read_text() == "1"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a file of another user needs root")
+def test_a_tmp_with_other_users_files_is_never_cleared(fake_tmp):
+    """A second guard besides the backend's word: the host's /tmp holds other users' files,
+    a sandbox's own never does; nothing is removed."""
+    from toolgym.sandbox import worker
+
+    (fake_tmp / "mine").write_text("kept")
+    (fake_tmp / "theirs").write_text("kept")
+    os.chown(fake_tmp / "theirs", 65534, 65534)
+    with pytest.raises(NotForkable, match="files of other users"):
+        worker._unpack_scratch(worker._scratch_archive(10**6))
+    assert sorted(os.listdir(fake_tmp)) == ["mine", "theirs"]

@@ -107,13 +107,14 @@ class PythonREPL(Environment):
         """Back to a `snapshot_state`: a new session holding the image's names (a fork's
         session is its own process; the session this object had is left to its owner)."""
         image = state.pop("session_image", None)
-        vars(self).update(state)
-        self.session = PythonSession(self.run_timeout, self.output_limit)
-        if image is not None:
+        session = PythonSession(state["run_timeout"], state["output_limit"])
+        if image is not None:  # first: a load that fails leaves this object as it was
             try:
-                self.session.load_image(image)
+                session.load_image(image)
             except SessionImageError as error:
                 raise NotForkable(f"{type(self).__name__}'s session: {error}") from None
+        vars(self).update(state)
+        self.session = session
 
     def close(self) -> None:
         if self.session is not None:

@@ -16,9 +16,9 @@ What is copied of the environment:
 A sandboxed environment is copied by its worker (`toolgym.sandbox.remote.RemoteExecutor`):
 the worker pickles the same state, the host keeps it opaque (it never unpickles what the
 model's code could have shaped), and a fork is a fresh sandbox with the state restored in
-it. MCP and OpenEnv environments are not copied: their servers offer no snapshot
-(`NotForkable`). The global `random` module's state is not part of a snapshot (an
-environment should draw from its `rng`).
+it (and the files of the worker's private /tmp). MCP and OpenEnv environments are not
+copied: their servers offer no snapshot (`NotForkable`). The global `random` module's state
+is not part of a snapshot (an environment should draw from its `rng`).
 """
 
 from __future__ import annotations

@@ -237,6 +237,7 @@ class DockerBackend:
         environment = {
             "TOOLGYM_SYS_PATH": ":".join(paths),
             "TOOLGYM_CHECK_SYS_PATH": "1",
+            "TOOLGYM_PRIVATE_TMP": "1",  # the container's own: a snapshot carries it
             # the worker limits its own address space to this, so that an allocation past
             # the container's memory is a MemoryError the model reads, not an OOM kill
             "TOOLGYM_MEMORY_BYTES": str(limits.memory_bytes + _THREAD_MARGIN),

@@ -228,6 +228,7 @@ class ProcessBackend:
         view = worker_view(target, self.extra_paths)
         launch = _Launch([], isolation, _worker_environment(view.sys_path, self.limits, allowed))
         launch.env["TOOLGYM_CHECK_SYS_PATH"] = "1"
+        launch.env["TOOLGYM_PRIVATE_TMP"] = "1"  # bubblewrap's tmpfs: a snapshot carries it
         _code_sessions(launch.env, target)
         try:
             self._choose_identity(target, launch, view.binds)

@@ -54,17 +54,22 @@ OUTPUT_LIMIT = 4000
 """Characters of stdout, of stderr and of the last expression's repr that a run returns; the
 rest is cut and replaced by a note saying how much was dropped."""
 
-IMAGE_LIMIT = 256 * 2**20
+IMAGE_LIMIT = 160 * 2**20
 """The most bytes a session's image (`PythonSession.image`) may be."""
 
-IMAGE_SECONDS = 60.0
-"""How long making or loading an image may take (at least; a session's own timeout if longer)."""
+IMAGE_SECONDS = 20.0
+"""How long making or loading an image may take (at least; a session's own timeout if
+longer): under a sandbox's call timeout (30 s by default), so that a session that takes too
+long is this session's `SessionImageError`, not a worker the host gives up on."""
 
 _IMAGE_ERROR_CHARS = 2000
 """Characters of a session's word on why its image failed that the host reads."""
 
 _ZYGOTE_ANSWER_SECONDS = 5.0
 """How long a worker waits for its zygote to fork a session before declaring it lost."""
+
+_live_folders: set[str] = set()
+"""The working folders of this process's running sessions (`live_folders`)."""
 
 _zygote: _Zygote | None = None
 """Set in a worker that may not create processes: sessions are forked from it."""
@@ -172,6 +177,7 @@ class PythonSession:
         if not ready:
             process.kill()
             raise SessionStartError("a new session did not take its working folder")
+        _live_folders.add(folder)
         return process
 
     def close(self) -> None:
@@ -250,7 +256,7 @@ class _SessionProcess:
             if not (valid and type(size) is int and 0 <= size <= limit):
                 raise _SessionEnded("the session broke its protocol (an unreadable image)")
             data = self._read_bytes(size, deadline, timeout)
-            if self._buffer:
+            if self._buffer or select.select([self.sock], [], [], 0)[0]:
                 raise _SessionEnded("the session broke its protocol (a reply nobody asked for)")
             return header, data
         finally:
@@ -319,6 +325,7 @@ def _kill(sock: socket.socket, pid: int, popen: subprocess.Popen | None, folder:
     if popen is not None:
         popen.wait()
     shutil.rmtree(folder, ignore_errors=True)
+    _live_folders.discard(folder)
 
 
 def _reply_bytes(output_limit: int) -> int:
@@ -432,6 +439,12 @@ class _Zygote:
             self.popen.wait()
             return True
         return False
+
+
+def live_folders() -> set[str]:
+    """The working folders of the sessions this process runs (a sandbox worker's snapshot of
+    its /tmp leaves them out: each session's image carries its own files)."""
+    return set(_live_folders)
 
 
 def zygote_lost() -> bool:

@@ -320,10 +320,8 @@ class RemoteExecutor(Executor):
         """The episode's state as the worker pickles it, kept opaque: the host never unpickles
         what a worker (and the model's code in it) wrote; only a worker does, in `restore`."""
         try:
-            channel = self.channel
-            limit = channel.snapshot_bytes if channel is not None else 0
-            private_tmp = channel is not None and channel.isolation.filesystem != "host"
-            pickled = self.request("snapshot", limit=limit, files=private_tmp)
+            limit = self.channel.snapshot_bytes if self.channel is not None else 0
+            pickled = self.request("snapshot", self._copy_timeout(), limit=limit)
             return {"pickled": pickled, "target": self.target.__qualname__}
         except RemoteError as error:
             if error.type == "NotForkable":
@@ -333,13 +331,19 @@ class RemoteExecutor(Executor):
     def restore(self, state: dict[str, Any]) -> None:
         """A snapshot's state back into this instance's worker (started if there is none)."""
         self.channel_or_start()
-        self.request("restore", state=state["pickled"])
+        self.request("restore", self._copy_timeout(), state=state["pickled"])
         self._episodes = max(self._episodes, 1)
+
+    def _copy_timeout(self) -> float:
+        """A snapshot or restore moves up to `snapshot_bytes` (and a code session's image,
+        bounded by its own time limit): more time than a call."""
+        return self.call_timeout + 60.0
 
     def fork(self, n: int = 1) -> list[Executor]:
         """`n` new sandboxes (fresh workers: each its own identity, limits and /tmp) of the
         same class, with this episode's state (snapshotted once) restored in each, and a copy
-        of the files in this worker's /tmp where it is the sandbox's own (not the host's)."""
+        of the files in this worker's /tmp where it is the sandbox's own (its backend says so
+        with `TOOLGYM_PRIVATE_TMP`; never the host's /tmp)."""
         state = self.snapshot()
         copies: list[Executor] = []
         try:

@@ -20,8 +20,8 @@ OP is one of:
     invoke  {"name", "args"}               a protocol method: get_reward, final_answer,
                                            user_turn, inline_step, demonstration,
                                            episode_metrics, close
-    snapshot {"limit", "files"}            -> the episode's state and, with "files", an archive of
-                                           this worker's private /tmp, pickled and base64-
+    snapshot {"limit"}                     -> the episode's state and, where the sandbox's /tmp is
+                                           its own, an archive of it, pickled and base64-
                                            encoded (opaque to the host, which never unpickles it)
     restore {"state"}                      a snapshot's state back into this instance (and its
                                            /tmp files into this worker's /tmp)
@@ -65,44 +65,48 @@ PROTOCOL_VERSION = 2
 MAX_CONTENT_CHARS = 1_000_000
 """A tool result longer than this is cut (the protocol stays responsive whatever a tool
 returns; environments should truncate to what a model can read long before this)."""
-MAX_SNAPSHOT_CHARS = 512 * 2**20
+MAX_SNAPSHOT_CHARS = 256 * 2**20
 """The most a snapshot's pickled state may be (base64), whatever the host asks: a host reads
 a snapshot's reply up to the limit it asked for (a channel's `snapshot_bytes`)."""
 
 
-_SESSION_FOLDERS = "toolgym-session-"
-"""Working folders of `PythonSession`s: a session's image carries its own files."""
+def _private_tmp() -> bool:
+    """Whether this worker's /tmp is its sandbox's own (its backend says so), so that a
+    snapshot carries it and a restore may replace it; never the host's /tmp."""
+    return os.environ.get("TOOLGYM_PRIVATE_TMP") == "1"
 
 
 def _scratch_entries() -> list[str]:
-    """The paths of /tmp's own entries: not sessions' working folders, and not what is
-    mounted there (the read-only view of a project or venv that lives under the host's /tmp)."""
+    """The paths of /tmp's own entries: not the working folders of this worker's live code
+    sessions (a session's image carries its own files), and not what is mounted there (the
+    read-only view of a project or venv that lives under the host's /tmp)."""
     import tempfile
 
+    from toolgym.sandbox.python_session import live_folders
+
     folder = tempfile.gettempdir()
-    device = os.lstat(folder).st_dev
+    device, sessions = os.lstat(folder).st_dev, live_folders()
     paths = [os.path.join(folder, name) for name in sorted(os.listdir(folder))]
-    return [
-        path
-        for path in paths
-        if not os.path.basename(path).startswith(_SESSION_FOLDERS)
-        and os.lstat(path).st_dev == device
-    ]
+    return [path for path in paths if path not in sessions and os.lstat(path).st_dev == device]
 
 
 def _scratch_archive(limit: int) -> bytes:
-    """This worker's /tmp (a sandbox's private one) as a tar archive (`_scratch_entries`,
-    and nothing mounted below them); `NotForkable` past `limit` bytes."""
+    """This worker's /tmp as a tar archive (`_scratch_entries`, and nothing mounted below
+    them); `NotForkable` past `limit` bytes, counted before a file is read (a sparse file
+    costs its size)."""
     import io
+    import stat
     import tarfile
     import tempfile
 
-    folder, buffer = tempfile.gettempdir(), io.BytesIO()
+    folder, buffer, total = tempfile.gettempdir(), io.BytesIO(), 0
     with tarfile.open(fileobj=buffer, mode="w") as archive:
         for path in _scratch_paths(folder):
-            archive.add(path, arcname=os.path.relpath(path, folder), recursive=False)
-            if buffer.tell() > limit:
+            status = os.lstat(path)
+            total += status.st_size if stat.S_ISREG(status.st_mode) else 512
+            if total > limit:
                 raise NotForkable(f"the files in /tmp are over the {limit:,} a snapshot may carry")
+            archive.add(path, arcname=os.path.relpath(path, folder), recursive=False)
     return buffer.getvalue()
 
 
@@ -120,45 +124,71 @@ def _scratch_paths(folder: str) -> Iterator[str]:
                 yield os.path.join(root, name)
 
 
+def _clear_scratch() -> None:
+    """Remove /tmp's own entries (`_scratch_entries`), folders the code made read-only too."""
+    import shutil
+
+    def writable_again(function: Any, path: str, _: Any) -> None:
+        os.chmod(os.path.dirname(path), 0o700)
+        function(path)
+
+    entries = _scratch_entries()
+    foreign = [path for path in entries if os.lstat(path).st_uid != os.getuid()]
+    if foreign:  # a second guard: a sandbox's own /tmp holds only its worker's files
+        raise NotForkable(
+            f"/tmp holds files of other users ({foreign[0]}, ...): not a sandbox's own, "
+            "so it is not replaced"
+        )
+    for path in entries:
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.chmod(path, 0o700)
+            shutil.rmtree(path, onerror=writable_again)
+        else:
+            os.unlink(path)
+
+
 def _unpack_scratch(data: bytes) -> None:
-    """/tmp's own entries replaced by a `_scratch_archive`'s: folders, regular files and links
-    that stay inside /tmp, permission bits only (no owners, devices or set-id bits); anything
-    else, or anything that would land outside /tmp, is left out. (Written out rather than
-    tarfile's data filter, which Python before 3.11.4, a worker image's, lacks.)"""
+    """/tmp's own entries replaced by a `_scratch_archive`'s: folders and regular files, with
+    permission bits only (no owners, devices or set-id bits), then symbolic links that point
+    downward (relative, no `..`: however they chain, they stay below /tmp). Links that point
+    elsewhere, hard links, FIFOs and sockets are left out, and
+    so is anything under an entry that is not /tmp's own (a mount, a live session's folder).
+    Written out rather than tarfile's data filter, which Python before 3.11.4 (a worker
+    image's) lacks."""
     import io
     import shutil
     import tarfile
     import tempfile
 
-    for path in _scratch_entries():
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
-        else:
-            os.unlink(path)
+    _clear_scratch()
     folder = os.path.realpath(tempfile.gettempdir())
+    taken = set(os.listdir(folder))  # mounts and live sessions' folders: not ours to fill
 
     def inside(path: str) -> bool:
         return os.path.commonpath([folder, path]) == folder and path != folder
 
+    links = []
     with tarfile.open(fileobj=io.BytesIO(data)) as archive:
         for member in archive:
-            path = os.path.realpath(os.path.join(folder, member.name))  # through links made
-            if not inside(path) or (os.path.lexists(path) and not member.isdir()):
+            path = os.path.realpath(os.path.join(folder, member.name))
+            if not inside(path) or member.name.split("/")[0] in taken:
                 continue
-            if member.isdir():
+            if member.issym():
+                links.append((path, member.linkname))
+            elif member.isdir():
                 os.makedirs(path, exist_ok=True)
                 os.chmod(path, member.mode & 0o777 | 0o700)
-            elif member.isfile():
+            elif member.isfile() and not os.path.lexists(path):
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 source = archive.extractfile(member)
                 assert source is not None  # a regular file's
                 with source, open(path, "wb") as target:
                     shutil.copyfileobj(source, target)
                 os.chmod(path, member.mode & 0o777)
-            elif member.issym():
-                pointed = os.path.join(os.path.dirname(path), member.linkname)
-                if inside(os.path.realpath(pointed)):
-                    os.symlink(member.linkname, path)
+    for path, pointed in links:  # after every file: no file is written through a link
+        downward = not os.path.isabs(pointed) and ".." not in pointed.split("/")
+        if downward and not os.path.lexists(path):  # a chain of such links stays below /tmp
+            os.symlink(pointed, path)
 
 
 class SpoiledWorker(RuntimeError):
@@ -295,9 +325,12 @@ class Worker:
         """The episode's state (`LocalExecutor.snapshot`), pickled: only a worker unpickles
         it, never the host (the model's code may have shaped it)."""
         limit = min(int(request.get("limit", MAX_SNAPSHOT_CHARS)), MAX_SNAPSHOT_CHARS)
-        files = _scratch_archive(limit) if request.get("files") else None
-        saved = {"episode": self.executor.snapshot(), "files": files}
-        blob = base64.b64encode(pickle.dumps(saved)).decode()
+        try:
+            files = _scratch_archive(limit) if _private_tmp() else None
+            saved = {"episode": self.executor.snapshot(), "files": files}
+            blob = base64.b64encode(pickle.dumps(saved)).decode()
+        except MemoryError:
+            raise NotForkable("the episode's state does not fit this worker's memory") from None
         if len(blob) > limit:
             raise NotForkable(
                 f"the episode's state is {len(blob):,} characters pickled, over the "
@@ -308,6 +341,11 @@ class Worker:
     def _op_restore(self, request: dict[str, Any]) -> None:
         saved = pickle.loads(base64.b64decode(request["state"]))
         if saved["files"] is not None:  # first: a restored environment may read them
+            if not _private_tmp():
+                raise NotForkable(
+                    "the snapshot carries a sandbox's /tmp, and this worker's /tmp is the "
+                    "host's: restore it into a sandbox with a /tmp of its own"
+                )
             _unpack_scratch(saved["files"])
         self.executor.restore(saved["episode"])
 

@@ -74,18 +74,30 @@ def restore_into(instance: object, state: Any) -> None:
     attributes.update(copy.deepcopy(state))
 
 
-def forked(instance: object) -> object:
-    """An independent copy of `instance` (see the module docstring)."""
-    if callable(getattr(instance, "snapshot_state", None)) and not _is_default(
+def forked(instance: object, n: int = 1) -> list[object]:
+    """`n` independent copies of `instance` (see the module docstring); an environment's
+    `snapshot_state()` is taken once for all of them."""
+    hooked = callable(getattr(instance, "snapshot_state", None)) and not _is_default(
         instance, "snapshot_state"
-    ):
-        clone = copy.copy(instance)
-        restore_into(clone, state_of(instance))
-        return clone
-    clone = copy.copy(instance)
-    vars(clone).clear()
-    vars(clone).update(_copied_attributes(instance))
-    return clone
+    )
+    state = state_of(instance) if hooked else None
+    clones: list[object] = []
+    try:
+        for _ in range(n):
+            clone = copy.copy(instance)
+            if hooked:
+                restore_into(clone, state)
+            else:
+                vars(clone).clear()
+                vars(clone).update(_copied_attributes(instance))
+            clones.append(clone)
+    except BaseException:
+        for made in clones:  # e.g. a REPL's session: stopped, not left to the collector
+            close = getattr(made, "close", None)
+            if callable(close):
+                close()
+        raise
+    return clones
 
 
 def _copied_attributes(instance: object) -> dict[str, Any]:

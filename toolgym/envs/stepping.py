@@ -289,15 +289,10 @@ class LocalExecutor(Executor):
 
     def fork(self, n: int = 1) -> list[Executor]:
         copies: list[Executor] = []
-        try:
-            for _ in range(n):
-                copy = LocalExecutor(forked(self.instance))
-                copy.answered = self.answered
-                copies.append(copy)
-        except BaseException:
-            for made in copies:
-                made.close()
-            raise
+        for clone in forked(self.instance, n):
+            copy = LocalExecutor(clone)
+            copy.answered = self.answered
+            copies.append(copy)
         return copies
 
     def run(self, call: ToolCall, arguments: dict[str, Any]) -> ToolResult:

@@ -233,3 +233,16 @@ def test_a_repl_whose_state_is_over_the_channel_s_limit_is_not_forkable(monkeypa
         assert _run(env, "len(blob)").endswith("value: 200000")
     finally:
         env.close()
+
+
+def test_an_image_over_the_limit_is_refused_as_it_passes_it(monkeypatch):
+    """The session stops pickling once the image passes the limit (it never holds more), says
+    so, and lives on with its state."""
+    from toolgym.sandbox import python_session
+
+    monkeypatch.setattr(python_session, "IMAGE_LIMIT", 1_000_000)
+    with PythonSession() as session:
+        session.run("blob = bytes(3_000_000)")
+        with pytest.raises(SessionImageError, match="over the 1,000,000 bytes an image may be"):
+            session.image()
+        assert session.run("len(blob)").value == "3000000"

@@ -238,6 +238,8 @@ class DockerBackend:
             "TOOLGYM_SYS_PATH": ":".join(paths),
             "TOOLGYM_CHECK_SYS_PATH": "1",
             "TOOLGYM_PRIVATE_TMP": "1",  # the container's own: a snapshot carries it
+            # a REPL's image, held by its session and the worker within the one memory limit
+            "TOOLGYM_IMAGE_BYTES": str(limits.memory_bytes // 8),
             # the worker limits its own address space to this, so that an allocation past
             # the container's memory is a MemoryError the model reads, not an OOM kill
             "TOOLGYM_MEMORY_BYTES": str(limits.memory_bytes + _THREAD_MARGIN),

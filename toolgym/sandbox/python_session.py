@@ -55,7 +55,8 @@ OUTPUT_LIMIT = 4000
 rest is cut and replaced by a note saying how much was dropped."""
 
 IMAGE_LIMIT = 160 * 2**20
-"""The most bytes a session's image (`PythonSession.image`) may be."""
+"""The most bytes a session's image (`PythonSession.image`) may be (and at most an eighth of
+the address space of the process that asks for it, a sandbox worker's memory limit)."""
 
 IMAGE_SECONDS = 20.0
 """How long making or loading an image may take (at least; a session's own timeout if
@@ -125,9 +126,10 @@ class PythonSession:
         if self._process is None:
             return None
         self._next_id += 1
-        request = {"id": self._next_id, "image": IMAGE_LIMIT}
+        limit = _image_limit()
+        request = {"id": self._next_id, "image": limit}
         try:
-            header, data = self._process.take_image(request, self._image_seconds(), IMAGE_LIMIT)
+            header, data = self._process.take_image(request, self._image_seconds(), limit)
         except _SessionEnded as ended:
             self.close()
             raise SessionImageError(f"{ended}; its state is lost") from None
@@ -227,7 +229,9 @@ class _SessionProcess:
         self._signal(signal.SIGCONT)
         try:
             deadline = time.monotonic() + timeout
-            self._send(json.dumps(request).encode() + b"\n" + payload, deadline, timeout)
+            self._send(json.dumps(request).encode() + b"\n", deadline, timeout)
+            if payload:
+                self._send(payload, deadline, timeout)  # apart: no copy of a large image
             line = self._read_line(deadline, timeout, limit)
             if self._buffer:
                 raise _SessionEnded("the session broke its protocol (a reply nobody asked for)")
@@ -257,6 +261,8 @@ class _SessionProcess:
                 raise _SessionEnded("the session broke its protocol (an unreadable image)")
             data = self._read_bytes(size, deadline, timeout)
             if self._buffer or select.select([self.sock], [], [], 0)[0]:
+                if not self._buffer and not self.sock.recv(1, socket.MSG_PEEK):
+                    raise _SessionEnded("the session's process ended")  # (out of memory?)
                 raise _SessionEnded("the session broke its protocol (a reply nobody asked for)")
             return header, data
         finally:
@@ -280,11 +286,25 @@ class _SessionProcess:
         return line
 
     def _read_bytes(self, size: int, deadline: float, timeout: float) -> bytes:
-        """Exactly `size` bytes, the buffer's first."""
-        data = bytearray(self._buffer[:size])
+        """Exactly `size` bytes, the buffer's first (read in place, then one copy into the
+        immutable bytes a snapshot shares rather than copies)."""
+        data = bytearray(size)
+        view = memoryview(data)
+        filled = len(self._buffer[:size])
+        view[:filled] = self._buffer[:size]
         self._buffer = self._buffer[size:]
-        while len(data) < size:
-            data += self._receive(min(1 << 20, size - len(data)), deadline, timeout)
+        while filled < size:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.sock], [], [], left)[0]:
+                raise _SessionEnded(f"the code ran past {timeout:g} s and was stopped")
+            try:
+                got = self.sock.recv_into(view[filled:], min(1 << 20, size - filled))
+            except OSError:
+                got = 0
+            if not got:
+                raise _SessionEnded("the session's process ended")
+            filled += got
+        view.release()
         return bytes(data)
 
     def _receive(self, most: int, deadline: float, timeout: float) -> bytes:
@@ -326,6 +346,22 @@ def _kill(sock: socket.socket, pid: int, popen: subprocess.Popen | None, folder:
         popen.wait()
     shutil.rmtree(folder, ignore_errors=True)
     _live_folders.discard(folder)
+
+
+def _image_limit() -> int:
+    """`IMAGE_LIMIT`, at most an eighth of this process's address space limit (a sandbox
+    worker's memory: the image is held here, then copied on its way to a fork), and at most
+    `TOOLGYM_IMAGE_BYTES` where a backend sets it (Docker: its memory limit binds the whole
+    container, session and worker together)."""
+    import resource
+
+    limits = [IMAGE_LIMIT]
+    space = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if space != resource.RLIM_INFINITY:
+        limits.append(space // 8)
+    if os.environ.get("TOOLGYM_IMAGE_BYTES", "").isdigit():
+        limits.append(int(os.environ["TOOLGYM_IMAGE_BYTES"]))
+    return min(limits)
 
 
 def _reply_bytes(output_limit: int) -> int:
@@ -494,7 +530,8 @@ def _serve_session(fd: int) -> None:
             reply = {"id": request["id"], "ready": True}
         elif "image" in request:
             header, data = _image(namespace, request["image"])
-            sock.sendall(json.dumps({"id": request["id"], **header}).encode() + b"\n" + data)
+            sock.sendall(json.dumps({"id": request["id"], **header}).encode() + b"\n")
+            sock.sendall(data)  # apart: no copy of a large image
             continue
         elif "load" in request:
             reply = {"id": request["id"], **_load(namespace, reader.read(request["load"]))}

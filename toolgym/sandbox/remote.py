@@ -320,8 +320,7 @@ class RemoteExecutor(Executor):
         """The episode's state as the worker pickles it, kept opaque: the host never unpickles
         what a worker (and the model's code in it) wrote; only a worker does, in `restore`."""
         try:
-            limit = self.channel.snapshot_bytes if self.channel is not None else 0
-            pickled = self.request("snapshot", self._copy_timeout(), limit=limit)
+            pickled = self.request("snapshot", self._copy_timeout(), limit=self._snapshot_limit())
             return {"pickled": pickled, "target": self.target.__qualname__}
         except RemoteError as error:
             if error.type == "NotForkable":
@@ -333,6 +332,16 @@ class RemoteExecutor(Executor):
         self.channel_or_start()
         self.request("restore", self._copy_timeout(), state=state["pickled"])
         self._episodes = max(self._episodes, 1)
+
+    def _snapshot_limit(self) -> int:
+        """What the channel carries, and at most a fifth of the worker's memory: a snapshot is
+        held a few times over on its way (pickle, base64, JSON), and a restore that does not
+        fit would kill the new worker instead of saying `NotForkable` here."""
+        if self.channel is None:
+            return 0
+        memory = self.channel.isolation.limits.get("memory_bytes")
+        fits = memory // 5 if isinstance(memory, int) and memory > 0 else MAX_SNAPSHOT_CHARS
+        return min(self.channel.snapshot_bytes, fits)
 
     def _copy_timeout(self) -> float:
         """A snapshot or restore moves up to `snapshot_bytes` (and a code session's image,

@@ -51,16 +51,22 @@ class ImageError(Exception):
 
 def make_image(namespace: dict[str, Any], folder: str, limit: int) -> bytes:
     """The namespace's names (all but `__builtins__`) and the files under `folder` as bytes,
-    for `load_image`; files over `limit` bytes in all are refused (`ImageError`)."""
+    for `load_image`. An image over `limit` bytes is refused (`ImageError`) as soon as it
+    passes it: making one never holds more than `limit` bytes besides the state itself."""
     names = {name: value for name, value in namespace.items() if name != "__builtins__"}
     files = _files_under(folder, limit)
     try:
-        return _dumps({"names": names, "files": files}, namespace)
+        return _dumps({"names": names, "files": files}, namespace, limit)
+    except _OverLimit:
+        over = f"the session's state is over the {limit:,} bytes an image may be here"
+        raise ImageError(over) from None
     except Exception as error:
         culprits = []
         for name, value in names.items():
             try:
-                _dumps(value, namespace)
+                _dumps(value, namespace, limit)
+            except _OverLimit:
+                continue
             except Exception as failure:
                 culprits.append(f"{name} ({type(value).__name__}: {_short(failure)})")
         named = ", ".join(culprits) or _short(error)
@@ -110,8 +116,25 @@ def _files_under(folder: str, limit: int) -> dict[str, tuple[int, bytes]]:
     return files
 
 
-def _dumps(value: Any, namespace: dict[str, Any]) -> bytes:
-    buffer = io.BytesIO()
+class _OverLimit(Exception):
+    pass
+
+
+class _Bounded(io.BytesIO):
+    """A buffer that refuses to grow past `limit` bytes."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def write(self, data: Any) -> int:
+        if self.tell() + memoryview(data).nbytes > self.limit:
+            raise _OverLimit
+        return super().write(data)
+
+
+def _dumps(value: Any, namespace: dict[str, Any], limit: int) -> bytes:
+    buffer = _Bounded(limit)
     _Pickler(buffer, namespace).dump(value)
     return buffer.getvalue()
 

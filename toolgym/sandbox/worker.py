@@ -220,6 +220,7 @@ class Worker:
         for line in self.reader:
             try:
                 request = json.loads(line)
+                del line  # a restore's line can be large: not held while it is handled
                 if not isinstance(request, dict):
                     raise ValueError("a request is a JSON object")
             except ValueError as error:
@@ -339,7 +340,9 @@ class Worker:
         return blob
 
     def _op_restore(self, request: dict[str, Any]) -> None:
-        saved = pickle.loads(base64.b64decode(request["state"]))
+        decoded = base64.b64decode(request.pop("state"))  # each copy dropped once used
+        saved = pickle.loads(decoded)
+        del decoded
         if saved["files"] is not None:  # first: a restored environment may read them
             if not _private_tmp():
                 raise NotForkable(

@@ -25,7 +25,7 @@ needs_bwrap = pytest.mark.skipif(
 
 STATE = """
 import math, collections
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 shared = [1, 2]
 alias = shared
 def fact(n):
@@ -56,7 +56,7 @@ class Child(Base):
 @dataclass
 class Point:
     x: int
-    tags: tuple = ()
+    tags: list = field(default_factory=list)  # needs real annotations in the session
 child = Child(); child.extra = "e"
 point = Point(1)
 letters = collections.Counter("hello")
@@ -74,7 +74,7 @@ assert alias is shared and shared == [1, 2]
 assert fact(5) == 120 and square(4) == 16 and tick() == 3
 assert child.value() == 10 and child.ten == 10 and child.extra == "e"
 assert isinstance(Child.make(), Base) and isinstance(child, Base)
-assert point == Point(1) and repr(point) == "Point(x=1, tags=())"
+assert point == Point(1) and repr(point) == "Point(x=1, tags=[])"
 assert letters["l"] == 2 and math.pi > 3
 assert open("notes.txt").read() == "kept" and open("deep/er/run.sh").read() == "echo hi"
 assert os.stat("deep/er/run.sh").st_mode & 0o777 == 0o750

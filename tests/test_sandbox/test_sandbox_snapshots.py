@@ -144,12 +144,17 @@ def test_a_restore_brings_back_the_worker_s_tmp(where):
         call(env, "run", code="os.symlink('/etc/hostname', '/tmp/out')\nos.symlink('a', '/tmp/in')")
         call(env, "run", code="os.symlink('in/../..', '/tmp/up')\nos.chmod('/tmp/a/b', 0o500)")
         snap = env.snapshot()
-        call(env, "run", code="open('/tmp/a/b/f', 'w').write('2'); open('/tmp/new', 'w').close()")
-        env.restore(snap)
+        call(env, "run", code="os.chmod('/tmp/a/b', 0o700); open('/tmp/a/b/f', 'w').write('2')")
+        locked = "os.makedirs('/tmp/l/m/n'); os.chmod('/tmp/l/m', 0); os.chmod('/tmp/l', 0o500)"
+        call(env, "run", code=f"open('/tmp/new', 'w').close(); {locked}")
+        env.restore(snap)  # what the code locked goes all the same
         names = "sorted(n for n in os.listdir('/tmp') if not n.startswith('toolgym-session-'))"
-        listing = f"{names}, open('/tmp/a/b/f').read(), os.readlink('/tmp/in')"
+        sessions = "len([n for n in os.listdir('/tmp') if n.startswith('toolgym-session-')])"
+        mode = "oct(os.stat('/tmp/a/b').st_mode & 0o777)"
+        listing = f"{names}, open('/tmp/a/b/f').read(), os.readlink('/tmp/in'), {mode}, {sessions}"
         shown = call(env, "run", code=f"import os\n{listing}")
-        assert shown.endswith("value: (['a', 'in'], '1', 'a')"), shown  # no 'new', no 'out'
+        # no 'new', 'l', 'out' or 'up'; the mode back; the live session's folder only
+        assert shown.endswith("value: (['a', 'in'], '1', 'a', '0o500', 1)"), shown
 
         (fork,) = copies = env.fork(1)
         assert call(fork, "run", code=f"import os\n{listing}") == shown
@@ -170,7 +175,7 @@ def test_a_sandbox_s_tmp_never_lands_in_the_host_s(tmp_path):
         env.reset()
         assert call(env, "write", file=f"{tmp_path.name}-copy", text="x") == "written"
         bare.reset()
-        with pytest.raises(Exception, match="this worker's /tmp is the host's"):
+        with pytest.raises(NotForkable, match="this worker's /tmp is not its own"):
             bare.restore(env.snapshot())
         bare_copy = bare.snapshot()  # and a bare worker's snapshot carries no /tmp
         assert not os.path.exists(f"/tmp/{tmp_path.name}-copy")  # the bare worker's /tmp
@@ -194,7 +199,7 @@ def test_files_over_the_limit_are_refused_before_they_are_read(monkeypatch):
         sparse = "import os\nos.truncate(open('/tmp/huge', 'wb').name, 50 * 2**20)"
         made = call(env, "run", code=sparse)
         assert "Traceback" not in made, made
-        with pytest.raises(NotForkable, match="files in /tmp are over the 1,000,000"):
+        with pytest.raises(NotForkable, match=r"files in /tmp are over the [0-9,]* bytes left"):
             env.snapshot()
     finally:
         env.close()
@@ -202,42 +207,114 @@ def test_files_over_the_limit_are_refused_before_they_are_read(monkeypatch):
 
 @pytest.fixture
 def fake_tmp(tmp_path, monkeypatch):
-    """A folder standing in for a worker's /tmp (the unpacking code's own, in this process)."""
+    """A folder standing in for a worker's private /tmp (the unpacking code's own, in this
+    process): never this machine's /tmp."""
     import tempfile
+
+    from toolgym.sandbox import tmp_copy
 
     folder = tmp_path / "tmp"
     folder.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    monkeypatch.setattr(tmp_copy, "private_tmp", lambda: True)
     return folder
 
 
 def test_unpacking_keeps_files_and_downward_links_only(fake_tmp, tmp_path):
-    from toolgym.sandbox import worker
+    from toolgym.sandbox import tmp_copy
 
     (fake_tmp / "a" / "b").mkdir(parents=True)
     (fake_tmp / "a" / "b" / "f").write_text("1")
+    (fake_tmp / "a" / "b").chmod(0o500)
     (fake_tmp / "in").symlink_to("a/b")
     (fake_tmp / "up").symlink_to("in/../..")
     (fake_tmp / "out").symlink_to(tmp_path)
     os.mkfifo(fake_tmp / "fifo")
-    archive = worker._scratch_archive(10**6)
+    archive = tmp_copy.pack(10**6)
+    (fake_tmp / "a" / "b").chmod(0o700)
     (fake_tmp / "a" / "b" / "f").write_text("2")
     (fake_tmp / "later").write_text("x")
-    (fake_tmp / "a" / "b").chmod(0o500)  # read-only: cleared all the same
-    worker._unpack_scratch(archive)
+    tmp_copy.replace(archive, lambda: None)
     assert sorted(os.listdir(fake_tmp)) == ["a", "in"]  # no later, up, out or fifo
     assert (fake_tmp / "in" / "f").read_text() == "1"
+    assert (fake_tmp / "a" / "b").stat().st_mode & 0o777 == 0o500  # modes come back
+
+
+def test_a_failed_restore_puts_tmp_back(fake_tmp):
+    """A restore is all or nothing: if the environment's own restore fails after /tmp was
+    replaced, /tmp is as it was before."""
+    from toolgym.sandbox import tmp_copy
+
+    (fake_tmp / "old").write_text("snapshot")
+    archive = tmp_copy.pack(10**6)
+    (fake_tmp / "old").write_text("now")
+    (fake_tmp / "deep" / "er").mkdir(parents=True)
+
+    def failing():
+        assert (fake_tmp / "old").read_text() == "snapshot"  # replaced by now
+        raise NotForkable("the environment's state did not load")
+
+    with pytest.raises(NotForkable, match="did not load"):
+        tmp_copy.replace(archive, failing)
+    assert sorted(os.listdir(fake_tmp)) == ["deep", "old"]
+    assert (fake_tmp / "old").read_text() == "now"
+
+
+def test_an_archive_cannot_write_outside_tmp_or_into_what_is_not_its_own(fake_tmp, tmp_path):
+    """Names a worker's own archive never has (`./x`, `a/../b`, `../x`, absolute) are left
+    out, as is anything under an entry /tmp already holds that is not its own."""
+    import io
+    import tarfile
+
+    from toolgym.sandbox import python_session, tmp_copy
+
+    (fake_tmp / "live").mkdir()
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name in ("./live/a", "x/../live/b", "../escaped", str(tmp_path / "abs"), "ok"):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            archive.addfile(info, io.BytesIO(b"x"))
+    live = {str(fake_tmp / "live")}
+    original = python_session.live_folders
+    try:
+        python_session.live_folders = lambda: live  # a live session's working folder
+        tmp_copy.replace(buffer.getvalue(), lambda: None)
+    finally:
+        python_session.live_folders = original
+    assert sorted(os.listdir(fake_tmp)) == ["live", "ok"] and not os.listdir(fake_tmp / "live")
+    assert not (tmp_path / "escaped").exists() and not (tmp_path / "abs").exists()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="making a file of another user needs root")
 def test_a_tmp_with_other_users_files_is_never_cleared(fake_tmp):
     """A second guard besides the backend's word: the host's /tmp holds other users' files,
     a sandbox's own never does; nothing is removed."""
-    from toolgym.sandbox import worker
+    from toolgym.sandbox import tmp_copy
 
     (fake_tmp / "mine").write_text("kept")
     (fake_tmp / "theirs").write_text("kept")
     os.chown(fake_tmp / "theirs", 65534, 65534)
     with pytest.raises(NotForkable, match="files of other users"):
-        worker._unpack_scratch(worker._scratch_archive(10**6))
+        tmp_copy.replace(tmp_copy.pack(10**6), lambda: None)
     assert sorted(os.listdir(fake_tmp)) == ["mine", "theirs"]
+
+
+def test_a_tmp_the_backend_does_not_vouch_for_is_never_replaced(tmp_path, monkeypatch):
+    from toolgym.sandbox import tmp_copy
+
+    monkeypatch.delenv("TOOLGYM_PRIVATE_TMP", raising=False)
+    with pytest.raises(NotForkable, match="not its own"):
+        tmp_copy.replace(b"", lambda: None)
+
+
+@needs_bwrap
+def test_files_the_code_made_unreadable_make_a_named_refusal():
+    env = sandboxed(PythonREPL, {}, "process")
+    try:
+        env.reset(task="t", answer="1")
+        call(env, "run", code="import os\nopen('/tmp/shut', 'w').close(); os.chmod('/tmp/shut', 0)")
+        with pytest.raises(NotForkable, match=r"/tmp cannot be copied: .*shut"):
+            env.snapshot()
+    finally:
+        env.close()

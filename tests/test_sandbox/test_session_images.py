@@ -228,7 +228,7 @@ def test_a_repl_whose_state_is_over_the_channel_s_limit_is_not_forkable(monkeypa
     try:
         env.reset(task="t", answer="1")
         _run(env, "blob = bytes(200_000)")
-        with pytest.raises(NotForkable, match="over the 100,000 a snapshot may carry here"):
+        with pytest.raises(NotForkable, match="over the 100,000 characters a snapshot may carry"):
             env.fork(1)
         assert _run(env, "len(blob)").endswith("value: 200000")
     finally:
@@ -246,3 +246,33 @@ def test_an_image_over_the_limit_is_refused_as_it_passes_it(monkeypatch):
         with pytest.raises(SessionImageError, match="over the 1,000,000 bytes an image may be"):
             session.image()
         assert session.run("len(blob)").value == "3000000"
+
+
+def test_a_backend_s_image_budget_binds(monkeypatch):
+    """`TOOLGYM_IMAGE_BYTES` (Docker's eighth of its memory) bounds an image below the rest."""
+    monkeypatch.setenv("TOOLGYM_IMAGE_BYTES", "500000")
+    with PythonSession() as session:
+        session.run("blob = bytes(600_000)")
+        with pytest.raises(SessionImageError, match="over the 500,000 bytes"):
+            session.image()
+
+
+@needs_bwrap
+def test_a_snapshot_restores_only_where_it_fits(monkeypatch):
+    """A snapshot taken where more fits is refused by name where less does (a process
+    sandbox's into a smaller one), before the new worker could run out of memory."""
+    from toolgym.sandbox.process import ProcessChannel
+
+    env = sandboxed(PythonREPL, {}, "process")
+    other = sandboxed(PythonREPL, {}, "process")
+    try:
+        env.reset(task="t", answer="1")
+        _run(env, "blob = bytes(200_000)")
+        snap = env.snapshot()
+        other.reset(task="t", answer="1")
+        monkeypatch.setattr(ProcessChannel, "snapshot_bytes", 100_000)
+        with pytest.raises(NotForkable, match="over the 100,000 this sandbox can take"):
+            other.restore(snap)
+    finally:
+        env.close()
+        other.close()

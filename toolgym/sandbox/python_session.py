@@ -532,6 +532,7 @@ def _serve_session(fd: int) -> None:
             header, data = _image(namespace, request["image"])
             sock.sendall(json.dumps({"id": request["id"], **header}).encode() + b"\n")
             sock.sendall(data)  # apart: no copy of a large image
+            del header, data  # not held until the next image
             continue
         elif "load" in request:
             reply = {"id": request["id"], **_load(namespace, reader.read(request["load"]))}

@@ -330,7 +330,17 @@ class RemoteExecutor(Executor):
     def restore(self, state: dict[str, Any]) -> None:
         """A snapshot's state back into this instance's worker (started if there is none)."""
         self.channel_or_start()
-        self.request("restore", self._copy_timeout(), state=state["pickled"])
+        if len(state["pickled"]) > self._snapshot_limit():  # e.g. a process sandbox's into Ray
+            raise NotForkable(
+                f"{self.target.__qualname__}: the snapshot is {len(state['pickled']):,} "
+                f"characters, over the {self._snapshot_limit():,} this sandbox can take"
+            )
+        try:
+            self.request("restore", self._copy_timeout(), state=state["pickled"])
+        except RemoteError as error:
+            if error.type == "NotForkable":
+                raise NotForkable(f"{self.target.__qualname__} in a sandbox: {error}") from None
+            raise
         self._episodes = max(self._episodes, 1)
 
     def _snapshot_limit(self) -> int:

@@ -52,7 +52,8 @@ class ImageError(Exception):
 def make_image(namespace: dict[str, Any], folder: str, limit: int) -> bytes:
     """The namespace's names (all but `__builtins__`) and the files under `folder` as bytes,
     for `load_image`. An image over `limit` bytes is refused (`ImageError`) as soon as it
-    passes it: making one never holds more than `limit` bytes besides the state itself."""
+    passes it: making one holds at most the files read and `limit` bytes of pickle (then one
+    copy of them) besides the state itself."""
     names = {name: value for name, value in namespace.items() if name != "__builtins__"}
     files = _files_under(folder, limit)
     try:

@@ -46,13 +46,14 @@ import platform
 import signal
 import sys
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from toolgym.envs.calls import ToolCall
 from toolgym.envs.hooks import INVOKABLE
 from toolgym.envs.snapshots import NotForkable
 from toolgym.envs.stepping import LocalExecutor
+from toolgym.sandbox import tmp_copy
 from toolgym.sandbox.python_session import (
     allow,
     install_filter,
@@ -68,127 +69,6 @@ returns; environments should truncate to what a model can read long before this)
 MAX_SNAPSHOT_CHARS = 256 * 2**20
 """The most a snapshot's pickled state may be (base64), whatever the host asks: a host reads
 a snapshot's reply up to the limit it asked for (a channel's `snapshot_bytes`)."""
-
-
-def _private_tmp() -> bool:
-    """Whether this worker's /tmp is its sandbox's own (its backend says so), so that a
-    snapshot carries it and a restore may replace it; never the host's /tmp."""
-    return os.environ.get("TOOLGYM_PRIVATE_TMP") == "1"
-
-
-def _scratch_entries() -> list[str]:
-    """The paths of /tmp's own entries: not the working folders of this worker's live code
-    sessions (a session's image carries its own files), and not what is mounted there (the
-    read-only view of a project or venv that lives under the host's /tmp)."""
-    import tempfile
-
-    from toolgym.sandbox.python_session import live_folders
-
-    folder = tempfile.gettempdir()
-    device, sessions = os.lstat(folder).st_dev, live_folders()
-    paths = [os.path.join(folder, name) for name in sorted(os.listdir(folder))]
-    return [path for path in paths if path not in sessions and os.lstat(path).st_dev == device]
-
-
-def _scratch_archive(limit: int) -> bytes:
-    """This worker's /tmp as a tar archive (`_scratch_entries`, and nothing mounted below
-    them); `NotForkable` past `limit` bytes, counted before a file is read (a sparse file
-    costs its size)."""
-    import io
-    import stat
-    import tarfile
-    import tempfile
-
-    folder, buffer, total = tempfile.gettempdir(), io.BytesIO(), 0
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        for path in _scratch_paths(folder):
-            status = os.lstat(path)
-            total += status.st_size if stat.S_ISREG(status.st_mode) else 512
-            if total > limit:
-                raise NotForkable(f"the files in /tmp are over the {limit:,} a snapshot may carry")
-            archive.add(path, arcname=os.path.relpath(path, folder), recursive=False)
-    return buffer.getvalue()
-
-
-def _scratch_paths(folder: str) -> Iterator[str]:
-    """Every path under /tmp's own entries, folders before what they hold, on /tmp's file
-    system only."""
-    device = os.lstat(folder).st_dev
-    for top in _scratch_entries():
-        yield top
-        if not os.path.isdir(top) or os.path.islink(top):
-            continue
-        for root, folders, files in os.walk(top):
-            folders[:] = [f for f in folders if os.lstat(os.path.join(root, f)).st_dev == device]
-            for name in sorted(folders) + sorted(files):
-                yield os.path.join(root, name)
-
-
-def _clear_scratch() -> None:
-    """Remove /tmp's own entries (`_scratch_entries`), folders the code made read-only too."""
-    import shutil
-
-    def writable_again(function: Any, path: str, _: Any) -> None:
-        os.chmod(os.path.dirname(path), 0o700)
-        function(path)
-
-    entries = _scratch_entries()
-    foreign = [path for path in entries if os.lstat(path).st_uid != os.getuid()]
-    if foreign:  # a second guard: a sandbox's own /tmp holds only its worker's files
-        raise NotForkable(
-            f"/tmp holds files of other users ({foreign[0]}, ...): not a sandbox's own, "
-            "so it is not replaced"
-        )
-    for path in entries:
-        if os.path.isdir(path) and not os.path.islink(path):
-            os.chmod(path, 0o700)
-            shutil.rmtree(path, onerror=writable_again)
-        else:
-            os.unlink(path)
-
-
-def _unpack_scratch(data: bytes) -> None:
-    """/tmp's own entries replaced by a `_scratch_archive`'s: folders and regular files, with
-    permission bits only (no owners, devices or set-id bits), then symbolic links that point
-    downward (relative, no `..`: however they chain, they stay below /tmp). Links that point
-    elsewhere, hard links, FIFOs and sockets are left out, and
-    so is anything under an entry that is not /tmp's own (a mount, a live session's folder).
-    Written out rather than tarfile's data filter, which Python before 3.11.4 (a worker
-    image's) lacks."""
-    import io
-    import shutil
-    import tarfile
-    import tempfile
-
-    _clear_scratch()
-    folder = os.path.realpath(tempfile.gettempdir())
-    taken = set(os.listdir(folder))  # mounts and live sessions' folders: not ours to fill
-
-    def inside(path: str) -> bool:
-        return os.path.commonpath([folder, path]) == folder and path != folder
-
-    links = []
-    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
-        for member in archive:
-            path = os.path.realpath(os.path.join(folder, member.name))
-            if not inside(path) or member.name.split("/")[0] in taken:
-                continue
-            if member.issym():
-                links.append((path, member.linkname))
-            elif member.isdir():
-                os.makedirs(path, exist_ok=True)
-                os.chmod(path, member.mode & 0o777 | 0o700)
-            elif member.isfile() and not os.path.lexists(path):
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                source = archive.extractfile(member)
-                assert source is not None  # a regular file's
-                with source, open(path, "wb") as target:
-                    shutil.copyfileobj(source, target)
-                os.chmod(path, member.mode & 0o777)
-    for path, pointed in links:  # after every file: no file is written through a link
-        downward = not os.path.isabs(pointed) and ".." not in pointed.split("/")
-        if downward and not os.path.lexists(path):  # a chain of such links stays below /tmp
-            os.symlink(pointed, path)
 
 
 class SpoiledWorker(RuntimeError):
@@ -326,31 +206,32 @@ class Worker:
         """The episode's state (`LocalExecutor.snapshot`), pickled: only a worker unpickles
         it, never the host (the model's code may have shaped it)."""
         limit = min(int(request.get("limit", MAX_SNAPSHOT_CHARS)), MAX_SNAPSHOT_CHARS)
+        over = f"over the {limit:,} characters a snapshot may carry here"
         try:
-            files = _scratch_archive(limit) if _private_tmp() else None
-            saved = {"episode": self.executor.snapshot(), "files": files}
-            blob = base64.b64encode(pickle.dumps(saved)).decode()
+            episode = pickle.dumps(self.executor.snapshot())
+            room = limit * 3 // 4 - len(episode)  # base64 makes 4 characters of 3 bytes
+            if room < 0:
+                raise NotForkable(
+                    f"the episode's state is {len(episode) * 4 // 3:,} characters, {over}"
+                )
+            files = tmp_copy.pack(room) if tmp_copy.private_tmp() else None
+            pickled = pickle.dumps({"episode": episode, "files": files})
+            del episode, files
+            if len(pickled) * 4 // 3 > limit:
+                raise NotForkable(f"the episode's state and /tmp are {over}")
+            return base64.b64encode(pickled).decode()
         except MemoryError:
             raise NotForkable("the episode's state does not fit this worker's memory") from None
-        if len(blob) > limit:
-            raise NotForkable(
-                f"the episode's state is {len(blob):,} characters pickled, over the "
-                f"{limit:,} a snapshot may carry here"
-            )
-        return blob
 
     def _op_restore(self, request: dict[str, Any]) -> None:
         decoded = base64.b64decode(request.pop("state"))  # each copy dropped once used
         saved = pickle.loads(decoded)
         del decoded
-        if saved["files"] is not None:  # first: a restored environment may read them
-            if not _private_tmp():
-                raise NotForkable(
-                    "the snapshot carries a sandbox's /tmp, and this worker's /tmp is the "
-                    "host's: restore it into a sandbox with a /tmp of its own"
-                )
-            _unpack_scratch(saved["files"])
-        self.executor.restore(saved["episode"])
+        episode = pickle.loads(saved["episode"])
+        if saved["files"] is None:
+            self.executor.restore(episode)
+        else:  # /tmp first (a restored environment may read it), put back if either fails
+            tmp_copy.replace(saved.pop("files"), lambda: self.executor.restore(episode))
 
     def _op_ping(self, request: dict[str, Any]) -> str:
         return "pong"

@@ -264,6 +264,7 @@ def test_a_sandboxed_command_reaches_nothing_else(tmp_path):
     }
     assert reports["process"]["write beside the program"] in ("OSError", "PermissionError")
     beside.unlink()  # only the unsandboxed run wrote it
+    os.unlink("/tmp/scratch")  # and the host's /tmp/scratch (a sandbox's /tmp is its own)
 
 
 def _assert_gone(pid: int) -> None:

@@ -17,6 +17,7 @@ from toolgym.agents.in_flight import (
     resume_in_flight,
     task_fingerprint,
 )
+from toolgym.envs.snapshots import NotForkable
 from toolgym.testing import tiny_tokenizer
 
 
@@ -44,6 +45,14 @@ class Unpicklable(toolgym.Environment):
     def user_turn(self, answer):
         self.reward += 1.0
         return "Go on."
+
+
+class Fragile(Heard):
+    """Kept like `Heard`; its snapshots do not restore (as an older version's would not)."""
+
+    @toolgym.hook
+    def restore_state(self, state):
+        raise NotForkable("this snapshot is of another version")
 
 
 def agent(turns: int = 3) -> Agent:
@@ -107,3 +116,19 @@ def test_a_folder_others_own_or_may_write_is_refused(tmp_path):
     shared.chmod(0o777)
     with pytest.raises(PermissionError, match="writable by it alone"):
         InFlightStore(shared)
+
+
+def test_a_kept_episode_that_does_not_restore_is_played_from_its_start(tmp_path):
+    store, env = InFlightStore(tmp_path), Fragile()
+    agent().run([env], [{"prompt": "Talk."}], rollout_fn=resumable_rollout(store, {id(env): "k"}))
+    kept = resume_in_flight(store, ["k"], lambda _, __: True)
+    assert list(kept) == ["k"]
+    again = Fragile()
+    with pytest.warns(UserWarning, match="did not restore .*another version.*from its start"):
+        (trajectory,) = agent().run(
+            [again],
+            [{"prompt": "Talk."}],
+            rollout_fn=resumable_rollout(store, {id(again): "k"}, kept),
+        )
+    assert trajectory.status == "max_turns" and trajectory.reward == 3.0  # all three turns again
+    assert "resumed_at_turn" not in trajectory.metrics

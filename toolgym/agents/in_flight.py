@@ -199,7 +199,13 @@ def resumable_rollout(
             return await chat_rollout(ctx, env)
         episode = kept.get(key)
         if episode is not None:  # reset for its row as usual, then back to where it was
-            await asyncio.to_thread(env.restore, episode.snapshot)
+            try:
+                await asyncio.to_thread(env.restore, episode.snapshot)
+            except Exception as error:  # NotForkable, an older version's snapshot, ...
+                why = f"a kept episode did not restore ({error}); played from its start"
+                warnings.warn(why, stacklevel=2)
+                episode = None  # a failed restore leaves the environment as it was reset
+        if episode is not None:
             trajectory, turn, first = _resumed(ctx, episode)
         else:
             trajectory, turn = ctx.start(tools=ctx.tools), 0

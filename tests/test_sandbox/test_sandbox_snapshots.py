@@ -6,33 +6,16 @@ backends, first version): the worker pickles the episode's state, the host keeps
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
 from sandbox_envs import Keeper, Scratchpad
+from sandbox_marks import needs_bwrap, needs_docker
 
 import toolgym
 from toolgym.builtin_envs.python_repl import PythonREPL
 from toolgym.envs.snapshots import NotForkable
 from toolgym.sandbox import sandboxed
 
-REQUIRED = os.environ.get("TOOLGYM_REQUIRE_SANDBOXES") == "1"
-needs_bwrap = pytest.mark.skipif(
-    not REQUIRED and shutil.which("bwrap") is None,
-    reason="bubblewrap is not installed (apt-get install bubblewrap; scripts/sandbox_setup.sh)",
-)
-
-
-def _docker_ready() -> bool:
-    from toolgym.sandbox.docker import docker_ready
-
-    return docker_ready()
-
-
-needs_docker = pytest.mark.skipif(
-    not REQUIRED and not _docker_ready(),
-    reason="no Docker daemon or no sandbox image (scripts/sandbox_setup.sh as root)",
-)
 BACKENDS = [
     pytest.param("process", id="process", marks=[needs_bwrap]),
     pytest.param("docker", id="docker", marks=[needs_docker, pytest.mark.docker]),

@@ -5,23 +5,17 @@ from __future__ import annotations
 
 import os
 import pickle
-import shutil
 import tempfile
 import uuid
 
 import pytest
+from sandbox_marks import needs_bwrap, needs_docker
 
 import toolgym
 from toolgym.builtin_envs.python_repl import PythonREPL
 from toolgym.envs.snapshots import NotForkable
 from toolgym.sandbox import sandboxed
 from toolgym.sandbox.python_session import PythonSession, SessionImageError
-
-REQUIRED = os.environ.get("TOOLGYM_REQUIRE_SANDBOXES") == "1"
-needs_bwrap = pytest.mark.skipif(
-    not REQUIRED and shutil.which("bwrap") is None,
-    reason="bubblewrap is not installed (apt-get install bubblewrap; scripts/sandbox_setup.sh)",
-)
 
 STATE = """
 import math, collections
@@ -170,16 +164,6 @@ def _run(env, code: str) -> str:
     return env.step(toolgym.ToolCall("run", {"code": code})).messages[0]["content"]
 
 
-def _docker_ready() -> bool:
-    from toolgym.sandbox.docker import docker_ready
-
-    return docker_ready()
-
-
-needs_docker = pytest.mark.skipif(
-    not REQUIRED and not _docker_ready(),
-    reason="no Docker daemon or no sandbox image (scripts/sandbox_setup.sh as root)",
-)
 BACKENDS = [
     pytest.param("local", id="local"),
     pytest.param("process", id="process", marks=[needs_bwrap]),

@@ -294,30 +294,30 @@ class _SessionProcess:
         view[:filled] = self._buffer[:size]
         self._buffer = self._buffer[size:]
         while filled < size:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.sock], [], [], left)[0]:
-                raise _SessionEnded(f"the code ran past {timeout:g} s and was stopped")
-            try:
-                got = self.sock.recv_into(view[filled:], min(1 << 20, size - filled))
-            except OSError:
-                got = 0
-            if not got:
-                raise _SessionEnded("the session's process ended")
-            filled += got
+            room = view[filled : filled + min(1 << 20, size - filled)]
+            filled += self._receive_into(room, deadline, timeout)
         view.release()
         return bytes(data)
 
     def _receive(self, most: int, deadline: float, timeout: float) -> bytes:
+        """Some bytes (at most `most`) the session sent."""
+        chunk = bytearray(most)
+        with memoryview(chunk) as room:
+            got = self._receive_into(room, deadline, timeout)
+        return bytes(chunk[:got])
+
+    def _receive_into(self, room: memoryview, deadline: float, timeout: float) -> int:
+        """Bytes the session sent, into `room`, once it sends any before `deadline`."""
         left = deadline - time.monotonic()
         if left <= 0 or not select.select([self.sock], [], [], left)[0]:
             raise _SessionEnded(f"the code ran past {timeout:g} s and was stopped")
         try:
-            chunk = self.sock.recv(most)
+            got = self.sock.recv_into(room)
         except OSError:
-            chunk = b""
-        if not chunk:
+            got = 0
+        if not got:
             raise _SessionEnded("the session's process ended")
-        return chunk
+        return got
 
     def _send(self, data: bytes, deadline: float, timeout: float) -> None:
         """All of `data` before `deadline` (a session that stops reading cannot hang us)."""

@@ -137,7 +137,9 @@ def evaluate(
     (the policy GRPO actually optimises), and the first `greedy_share` of them played greedily
     (greedy decoding can hide or exaggerate what changed). `stage` is "before" or "after"
     (GRPO). Each mode's figures keep every game's reward and skill metrics, in game order, for
-    the paired differences."""
+    the paired differences. Sampling is seeded per game and turn, the same before and after
+    (common random numbers): a game's two plays differ where the weights changed, not where
+    the dice fell differently."""
     figures = {}
     greedy = rows[: greedy_games(len(rows), greedy_share)]
     for mode, temperature, games in (
@@ -145,7 +147,9 @@ def evaluate(
         ("sampled", trainer.args.temperature, rows),
     ):
         samples = f"eval-{stage}-{mode}.jsonl"
-        figures[mode] = trainer.evaluate(games, temperature=temperature, samples_file=samples)
+        figures[mode] = trainer.evaluate(
+            games, temperature=temperature, samples_file=samples, seed=trainer.args.seed
+        )
         episodes = load_jsonl(Path(trainer.args.output_dir) / samples)
         figures[mode]["rewards"] = [episode.reward for episode in episodes]
         figures[mode]["skills"] = [episode.env_metrics for episode in episodes]

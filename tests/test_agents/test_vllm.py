@@ -491,6 +491,40 @@ def assert_stop_strings_and_inline_episodes_work(engine, tokenizer) -> None:
     assert marker in tokenizer.decode(pieces[0][1])  # its last token may carry text past it
 
 
+def assert_seeds_replay_sampling(engine, tokenizer) -> None:
+    """A seeded request samples the same tokens each time, alone or beside others; other
+    seeds sample others (at a temperature where the tiny model is far from greedy)."""
+    prompt = tokenizer.encode("Let's play Wordle.", add_special_tokens=False)
+
+    def sampled(seed, text_prompt=prompt):
+        return GenerationRequest(
+            text_prompt, SamplingParams(max_tokens=16, temperature=2.0, seed=seed)
+        )
+
+    alone = engine.generate([sampled(7)])[0].token_ids
+    beside = engine.generate([sampled(None, prompt[:3]), sampled(7), sampled(8, prompt[:5])])
+    assert beside[1].token_ids == alone
+    assert engine.generate([sampled(7)])[0].token_ids == alone
+    draws = {tuple(engine.generate([sampled(seed)])[0].token_ids) for seed in range(4)}
+    assert len(draws) > 1, draws
+
+
+def test_vllm_a_seed_replays_its_sampling(tiny_vllm):
+    engine, tokenizer, _ = tiny_vllm
+    assert_seeds_replay_sampling(engine, tokenizer)
+
+
+def test_server_a_seed_replays_its_sampling(vllm_server):
+    from toolgym.agents.engines.server import VLLMServerEngine
+
+    url, tokenizer, _ = vllm_server
+    engine = VLLMServerEngine(url)
+    try:
+        assert_seeds_replay_sampling(engine, tokenizer)
+    finally:
+        engine.close()
+
+
 def test_vllm_stop_strings_and_inline_episodes(tiny_vllm):
     engine, tokenizer, _ = tiny_vllm
     assert_stop_strings_and_inline_episodes_work(engine, tokenizer)

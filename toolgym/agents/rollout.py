@@ -29,6 +29,7 @@ from toolgym.agents.engines.base import (
     PerRequestEngine,
     SamplingParams,
     capabilities,
+    completion_seed,
 )
 from toolgym.agents.limits import AgentLimits
 from toolgym.agents.parsers import Parser, get_parser
@@ -291,7 +292,9 @@ class Agent:
         async def play(index: int, env: Any, row: Row, seed: int | None) -> Trajectory:
             batcher.episode_started()
             try:
-                episode = Episode(self, as_environment(env), dict(row), seed, batcher, sampling)
+                episode = Episode(
+                    self, as_environment(env), dict(row), seed, batcher, sampling, key=(index,)
+                )
                 if on_message is not None:
                     episode.on_message = functools.partial(on_message, index)
                 trajectory = await episode.play(rollout_fn)
@@ -321,8 +324,13 @@ class Episode(RolloutContext):
         batcher: PerRequest | RequestBatcher,
         sampling: SamplingParams | None = None,
         subagents: bool = True,
+        key: tuple[object, ...] = (0,),
     ) -> None:
         self.agent, self.batcher = agent, batcher
+        self.key = key
+        """This episode's place in its run (its index; a sub-episode's adds its own): with a
+        seeded `sampling`, each completion's seed is drawn from it and the turn."""
+        self._subepisodes = 0
         self.subagents = subagents
         """Whether the agent's sub-agents are tools of this episode (not of a sub-episode)."""
         self.env: Steppable = env
@@ -405,7 +413,9 @@ class Episode(RolloutContext):
             self.batcher,
             self.sampling,
             False,
+            key=(*self.key, "sub", self._subepisodes),
         )
+        self._subepisodes += 1
         return await episode.play()
 
     async def _env_inline_step(self, text: str) -> InlineStep:
@@ -436,6 +446,9 @@ class Episode(RolloutContext):
             top_p=self.sampling.top_p,
             stop_token_ids=list(self.agent.renderer.profile.stop_token_ids),
             stop_strings=stop_strings or [],
+            seed=None
+            if self.sampling.seed is None
+            else completion_seed(self.sampling.seed, *self.key, self.turns),
         )
         started = time.perf_counter()
         try:

@@ -325,15 +325,21 @@ class GRPOTrainer:
         rows: Sequence[Row] | None = None,
         temperature: float = 0.0,
         samples_file: str | None = None,
+        seed: int | None = None,
     ) -> dict:
         """Play each row once (greedy by default); returns mean reward, success rate, turns,
         tool calls, valid tool calls and status counts. With `samples_file`, the episodes are
-        also written to that file in `output_dir` (JSONL trajectories, replacing it)."""
+        also written to that file in `output_dir` (JSONL trajectories, replacing it).
+
+        With `seed`, sampling is seeded per game and turn (`SamplingParams.seed`): two
+        evaluations of the same rows with the same seed draw the same random numbers, so
+        their game-by-game difference measures what changed in the weights with less noise
+        (common random numbers)."""
         rows = [dict(r) for r in (rows if rows is not None else self.eval_rows)]
         if not rows:
             raise ValueError("no evaluation rows (pass eval_dataset or rows)")
         # the settings go to this run only: training rollouts in flight keep theirs
-        trajectories = self.sampler.evaluate(rows, temperature)
+        trajectories = self.sampler.evaluate(rows, temperature, seed)
         if samples_file and self.accelerator.is_main_process:
             save_jsonl(trajectories, self._path(samples_file))
         return summarize(trajectories, self.args.success_threshold)

@@ -224,10 +224,13 @@ class Sampler:
             train_batch_size=per_step * self.args.num_generations,
         )
 
-    def evaluate(self, rows: Sequence[Row], temperature: float = 0.0) -> list[Trajectory]:
+    def evaluate(
+        self, rows: Sequence[Row], temperature: float = 0.0, seed: int | None = None
+    ) -> list[Trajectory]:
         """Play each row once, reset with seed = its index, sampling at `temperature` (greedy
-        by default) for these episodes only."""
-        sampling = SamplingParams(temperature=temperature, top_p=1.0)
+        by default) for these episodes only; with `seed`, each episode's sampling is seeded
+        from it, its index and the turn (`SamplingParams.seed`)."""
+        sampling = SamplingParams(temperature=temperature, top_p=1.0, seed=seed)
         rows = [dict(r) for r in rows]
         envs: list[Any] = []
         try:

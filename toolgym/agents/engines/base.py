@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -20,6 +21,10 @@ class SamplingParams:
         stop_strings: Generation stops after the token that completes any of these in the
             decoded completion (the inline protocol's markers); every sampled token is kept,
             so the marker, and any text its last token carries past it, are in the output.
+        seed: Seeds this completion's sampling: the same seed, prompt and weights sample the
+            same tokens, and a small change of weights mostly the same ones (common random
+            numbers, for paired evaluations). None: the engine's own random stream. Given
+            to an agent's episodes, it is each episode's base seed (`completion_seed`).
     """
 
     max_tokens: int = 256
@@ -27,6 +32,15 @@ class SamplingParams:
     top_p: float = 1.0
     stop_token_ids: list[int] = field(default_factory=list)
     stop_strings: list[str] = field(default_factory=list)
+    seed: int | None = None
+
+
+def completion_seed(base: int, *keys: object) -> int:
+    """A seed for one completion, from an episode's base seed and what tells its completions
+    apart (the episode's place in its run, the turn): stable across processes and runs, and
+    below 2**63 (every engine takes it)."""
+    text = repr((base, *keys)).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big") >> 1
 
 
 @dataclass

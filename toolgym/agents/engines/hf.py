@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -54,7 +56,9 @@ class HFEngine:
                 *(getattr(request.sampling, k) for k in _SAMPLING_KEYS),
                 tuple(request.sampling.stop_token_ids),
                 tuple(request.sampling.stop_strings),
-                index if request.images else -1,  # a request with images goes alone
+                # a request with images goes alone, and so does a seeded one (its tokens
+                # must not depend on what else shares its batch)
+                index if request.images or request.sampling.seed is not None else -1,
             )
             groups.setdefault(key, []).append(index)
         with self._lock:
@@ -96,15 +100,16 @@ class HFEngine:
         if images and self.vision is None:
             raise ValueError("this engine was given no image processor (HFEngine(vision=...))")
         pixels = self.vision.model_inputs(input_ids.to(device), images) if images else {}
-        output = self.model.generate(
-            input_ids=input_ids.to(device),
-            attention_mask=attention.to(device),
-            **pixels,
-            generation_config=config,
-            stopping_criteria=StoppingCriteriaList([_StopStrings(stops, longest, self._decode)])
-            if stops
-            else None,
-        )
+        with _seeded(sampling.seed, device):
+            output = self.model.generate(
+                input_ids=input_ids.to(device),
+                attention_mask=attention.to(device),
+                **pixels,
+                generation_config=config,
+                stopping_criteria=StoppingCriteriaList([_StopStrings(stops, longest, self._decode)])
+                if stops
+                else None,
+            )
         new_tokens = output.sequences[:, longest:].cpu()
         logprobs = torch.stack(output.scores, dim=1).float().log_softmax(-1).cpu()
         chosen = logprobs.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
@@ -132,6 +137,18 @@ class HFEngine:
 
     def close(self) -> None:
         """Nothing to release: the model belongs to the caller."""
+
+
+@contextlib.contextmanager
+def _seeded(seed: int | None, device: torch.device) -> Iterator[None]:
+    """Sample from `seed`'s own stream (torch's global one is put back after); nothing
+    without a seed. transformers samples from the global generator of the model's device."""
+    if seed is None:
+        yield
+        return
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        yield
 
 
 class _StopStrings(StoppingCriteria):

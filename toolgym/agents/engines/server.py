@@ -134,6 +134,8 @@ class VLLMServerEngine:
             "return_token_ids": True,
             "skip_special_tokens": False,
         }
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
 
         def send(url: str, connected: Connected) -> Answer[dict[str, Any]]:
             answer = call_json(url, "POST", "/v1/completions", body, self.timeout, connected)

@@ -23,6 +23,7 @@ from toolgym.agents.engines.base import (
     Completion,
     EngineCapabilities,
     GenerationRequest,
+    completion_seed,
     first_stop_string_end,
 )
 from toolgym.agents.models import resolve_model
@@ -356,6 +357,7 @@ def _params(request: GenerationRequest) -> Any:
         include_stop_str_in_output=True,
         detokenize=bool(request.sampling.stop_strings),
         skip_special_tokens=False,
+        seed=request.sampling.seed,
     )
 
 
@@ -372,10 +374,13 @@ class _InFlight:
     latest: Any = None
 
     def rest(self) -> GenerationRequest:
-        """What is left to generate: the request less the tokens it has."""
+        """What is left to generate: the request less the tokens it has (a seeded one goes on
+        with a seed of its own, not the start of its first stream again)."""
+        seed, done = self.request.sampling.seed, len(self.done.token_ids)
         sampling = replace(
             self.request.sampling,
-            max_tokens=self.request.sampling.max_tokens - len(self.done.token_ids),
+            max_tokens=self.request.sampling.max_tokens - done,
+            seed=None if seed is None else completion_seed(seed, "after", done),
         )
         return replace(self.request, sampling=sampling)
 

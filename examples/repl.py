@@ -55,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-staleness", type=int, default=0,
         help="policy versions an episode may lag (partial rollouts; vLLM engines only)",
     )  # fmt: skip
+    parser.add_argument(
+        "--branch-at-turn", type=int, default=0,
+        help="play each group as a tree branching after this many lines (0: independent)",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-dir", default="runs/repl")
     parser.add_argument("--time-budget", type=parse_duration, default="20m")
@@ -85,17 +89,21 @@ def config_from(args: argparse.Namespace) -> GRPOConfig:
         sandbox=args.sandbox,
         step_rewards=args.step_rewards,
         max_staleness=args.max_staleness,
+        branch_at_turn=args.branch_at_turn,
         save_steps=0,
         verbose=args.verbose,
     )
 
 
 def evaluate(trainer: GRPOTrainer, stage: str) -> dict[str, dict]:
-    """Held-out problems, greedy and sampled: success, reward, and lines that raise."""
+    """Held-out problems, greedy and sampled: success, reward, and lines that raise. Sampling
+    is seeded per problem and line, the same before and after (common random numbers)."""
     figures = {}
     for mode, temperature in (("greedy", 0.0), ("sampled", trainer.args.temperature)):
         samples = f"eval-{stage}-{mode}.jsonl"
-        summary = trainer.evaluate(temperature=temperature, samples_file=samples)
+        summary = trainer.evaluate(
+            temperature=temperature, samples_file=samples, seed=trainer.args.seed
+        )
         episodes = load_jsonl(Path(trainer.args.output_dir) / samples)
         lines = sum(e.metrics["tool_calls"] for e in episodes)
         raised = sum(e.metrics["tool_failures"] for e in episodes)

@@ -487,16 +487,7 @@ def main() -> None:
         train_rows,
         args=config_from(args),
         eval_dataset=eval_rows,
-        env_kwargs={
-            "shaping": args.shaping,
-            "guess_reward": args.guess_reward,
-            "guess_floor": args.guess_floor,
-            "known_letters": args.known_letters,
-            "spelled": args.spelled,
-            "hints": args.hints,
-            "hint_sample": args.hint_sample,
-            "demo_refusals": args.demo_refusals,
-        },
+        env_kwargs=game_kwargs(args),
     )
     plans: dict[str, BudgetPlan] = {}
     speed = Speeds.from_warmup(1.0, EVAL_RATIO, step_ratio(args))  # replaced when measured
@@ -550,6 +541,20 @@ def stop_without_grpo(plan: BudgetPlan, args: argparse.Namespace) -> None:
         "the warm-up it then finishes is kept in $TOOLGYM_CACHE, so later runs skip it and "
         "GRPO gets that time; or run every stage at its full size with --time-budget 0."
     )
+
+
+def game_kwargs(args: argparse.Namespace) -> dict:
+    """Wordle's arguments for this run's game (feedback lines, shaping, hints)."""
+    return {
+        "shaping": args.shaping,
+        "guess_reward": args.guess_reward,
+        "guess_floor": args.guess_floor,
+        "known_letters": args.known_letters,
+        "spelled": args.spelled,
+        "hints": args.hints,
+        "hint_sample": args.hint_sample,
+        "demo_refusals": args.demo_refusals,
+    }
 
 
 def datasets(args: argparse.Namespace) -> tuple[list[dict], list[dict], list[dict]]:

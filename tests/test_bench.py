@@ -69,10 +69,12 @@ def test_forks_bench_runs_locally():
 
 
 @pytest.mark.slow
-def test_tree_rollouts_bench_runs_both_arms():
+@pytest.mark.parametrize("env", ["wordle", "repl"])
+def test_tree_rollouts_bench_runs_both_arms(env):
     import subprocess
 
     command = [sys.executable, str(BENCH / "tree_rollouts.py"), "--tiny", "--groups", "2"]
+    command += ["--env", env, "--sandbox", "local"]
     done = subprocess.run(
         [*command, "--generations", "2", "--at-turn", "1"], capture_output=True, text=True
     )

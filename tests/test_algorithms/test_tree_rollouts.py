@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from helpers import assert_token_exact, ids, tiny_grpo_args, trained_step
+from sandbox_marks import needs_bwrap
 
 import toolgym
 from toolgym.agents import Agent, AgentLimits, ScriptedEngine
@@ -121,3 +123,66 @@ def test_a_grpo_step_trains_the_members_after_the_branch_point(tmp_path):
     assert metrics["groups_without_signal"] == 0
     shared = len(tokenizer(CALL.format(points=1))["input_ids"])
     assert all(set(t.samples[0].loss_mask[:shared]) == {0} for t in saved)
+
+
+def inline_engine(tokenizer):
+    """A REPL policy: the root writes `x = 20`; each member adds its own amount (1, 2 or 22),
+    then submits x (the answer is 42: the member that added 22 wins)."""
+    amounts = itertools.cycle([1, 2, 22])
+    seen: list[str] = []
+
+    def reply(prompt_ids):
+        text = tokenizer.decode(prompt_ids).rpartition("<|im_start|>assistant")[2]
+        if "x = 20" not in text:
+            seen.append("root")
+            return ids(tokenizer, "x = 20\n")
+        if "x +=" not in text:
+            seen.append("member")
+            return ids(tokenizer, f"x += {next(amounts)}\n")
+        return ids(tokenizer, "submit(x)\n")
+
+    return ScriptedEngine(reply, tokenizer=tokenizer), seen
+
+
+@pytest.mark.parametrize(
+    "where", [pytest.param("local", id="local"), pytest.param("process", marks=[needs_bwrap])]
+)
+def test_an_inline_episode_branches_after_a_line_with_the_state_its_code_built(where):
+    """The inline protocol (a live REPL, in this process or sandboxed): the root's first
+    line runs once, the REPL is forked with the variable it set, and each member writes on
+    in the same assistant turn."""
+    from toolgym.builtin_envs.python_lines import PythonLines
+    from toolgym.sandbox import sandboxed
+
+    tokenizer = tiny_tokenizer()
+    engine, seen = inline_engine(tokenizer)
+    agent = Agent(engine, tokenizer, limits=AgentLimits(max_turns=5))
+    if where == "local":
+        envs = [toolgym.as_environment(PythonLines()) for _ in range(3)]
+    else:
+        envs = [sandboxed(PythonLines, {}, where) for _ in range(3)]
+    rows = [{"task": "Make 42.", "answer": "42"} for _ in range(3)]
+    trajectories, played = play_trees(agent, envs, rows, [3] * 3, 3, at_turn=1)
+    try:
+        assert seen == ["root", "member", "member", "member"]
+        assert all(isinstance(env, Branch) for env in played)
+        assert sorted(t.reward for t in trajectories) == [0.0, 0.0, 1.0]
+        answers = sorted(
+            t.messages[-1]["content"].rpartition("submitted ")[2] for t in trajectories
+        )
+        assert answers == ["21\n", "22\n", "42\n"]  # each fork held x = 20 and went on alone
+        root_line = len(ids(tokenizer, "x = 20\n"))
+        for trajectory in trajectories:
+            assert trajectory.status == "env_done"
+            (sample,) = trajectory.samples  # one assistant turn, one sequence
+            assert set(sample.loss_mask[:root_line]) == {0}  # the root's line: not trained
+            assert sample.loss_mask[root_line:].count(1) > 0
+            assert sample.completion_ids[:root_line] == ids(tokenizer, "x = 20\n")
+            assert trajectory.metrics["tool_calls"] == 3  # the root's line counts in each
+            (message,) = [m for m in trajectory.messages if m["role"] == "assistant"]
+            assert message["content"].startswith("x = 20\n") and "submit(x)" in message["content"]
+            whole = tokenizer.decode(sample.completion_ids, skip_special_tokens=False)
+            assert whole == message["content"]  # the message is the turn as the model saw it
+    finally:
+        for env in {id(e): e for e in [*envs, *played]}.values():
+            env.close()

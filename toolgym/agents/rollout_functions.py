@@ -82,31 +82,54 @@ async def inline_rollout(ctx: RolloutContext, env: Any) -> Trajectory:
     ends its turn (its last piece goes to `final_answer`), the environment is done, or a
     limit. Each generation counts as a turn against `max_turns`; the conversation gets the
     whole turn as one assistant message."""
-    markers = list(getattr(env, "inline_markers", ()) or ())
     ctx.tools = []  # inline episodes call no tools
     trajectory = ctx.start()
     start = len(trajectory.completion_ids)
     try:
-        for _ in range(ctx.limits.max_turns):
-            generation = await ctx.generate(trajectory, stop_strings=markers)
-            if generation.finish_reason == "length":
-                raise EpisodeEnd("length")
-            if generation.ended_turn:
-                await ctx.final_answer(generation.text)
-                return trajectory
-            step = await ctx.inline_step(trajectory, generation.text)
-            if step.observation:
-                try:
-                    ctx.observe(trajectory, step.observation)
-                except EpisodeEnd:
-                    if not step.done:
-                        raise
-                    # a last observation that does not fit is dropped
-            if step.done:
-                raise EpisodeEnd("env_done")
-            if getattr(env, "truncated", False):
-                raise EpisodeEnd("max_turns")
-        raise EpisodeEnd("max_turns")
+        if not await inline_turns(ctx, trajectory, inline_markers(env), ctx.limits.max_turns):
+            raise EpisodeEnd("max_turns")
+        return trajectory
     finally:
-        text = ctx.tokenizer.decode(trajectory.completion_ids[start:], skip_special_tokens=False)
-        ctx.add_message(trajectory, {"role": "assistant", "content": text, "raw_content": text})
+        add_inline_message(ctx, trajectory, start)
+
+
+def inline_markers(env: Any) -> list[str]:
+    """The environment's inline markers (none: it plays the chat protocol)."""
+    return list(getattr(env, "inline_markers", ()) or ())
+
+
+async def inline_turns(
+    ctx: RolloutContext, trajectory: Trajectory, markers: list[str], stop: int
+) -> bool:
+    """The inline protocol's generations until the episode has `stop` of them (`ctx.turns`);
+    True once the model ended its turn (its last piece went to `final_answer`), False when
+    the `stop`th generation is done with the turn still open (a tree rollout branches there:
+    `toolgym.algorithms.tree_rollouts`). Other endings raise `EpisodeEnd`."""
+    env = ctx.env
+    while ctx.turns < stop:
+        generation = await ctx.generate(trajectory, stop_strings=markers)
+        if generation.finish_reason == "length":
+            raise EpisodeEnd("length")
+        if generation.ended_turn:
+            await ctx.final_answer(generation.text)
+            return True
+        step = await ctx.inline_step(trajectory, generation.text)
+        if step.observation:
+            try:
+                ctx.observe(trajectory, step.observation)
+            except EpisodeEnd:
+                if not step.done:
+                    raise
+                # a last observation that does not fit is dropped
+        if step.done:
+            raise EpisodeEnd("env_done")
+        if getattr(env, "truncated", False):
+            raise EpisodeEnd("max_turns")
+    return False
+
+
+def add_inline_message(ctx: RolloutContext, trajectory: Trajectory, start: int) -> None:
+    """The inline turn as one assistant message: every token after `start` (the model's and
+    the observations), as the model saw it."""
+    text = ctx.tokenizer.decode(trajectory.completion_ids[start:], skip_special_tokens=False)
+    ctx.add_message(trajectory, {"role": "assistant", "content": text, "raw_content": text})

@@ -215,7 +215,8 @@ class GRPOConfig:
     """Play each group as a tree (`toolgym.algorithms.tree_rollouts`): one root plays this
     many turns, then the environment is forked and every member of the group goes on from
     there, so the members differ only after the branch point (their shared turns are not
-    trained). 0: independent episodes. One process, the chat protocol only."""
+    trained). 0: independent episodes. One process; the chat and the inline protocol (an
+    inline turn is one generation: a REPL branches after its K-th line)."""
     keep_in_flight: bool = False
     """Keep every training episode after each turn in `output_dir/in-flight/` (its
     environment's snapshot and its context, `toolgym.algorithms.kept_episodes`), so that a

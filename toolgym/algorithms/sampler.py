@@ -101,8 +101,8 @@ class Sampler:
             )
         if args.branch_at_turn and (process[1] > 1 or rollout_fn is not None):
             raise ValueError(
-                "branch_at_turn (tree rollouts) runs on one process and with the chat protocol "
-                "(no rollout_fn of its own) for now"
+                "branch_at_turn (tree rollouts) runs on one process and with the built-in "
+                "protocols (no rollout_fn of its own) for now"
             )
         self.agent, self.make_env, self.args = agent, make_env, args
         self.train_rows = list(train_rows)

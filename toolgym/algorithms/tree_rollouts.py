@@ -11,10 +11,13 @@ Training: the members are the group, each other's baseline, as in GRPO. The shar
 are in every member's trajectory with a loss mask of 0: within a tree the members'
 advantages sum to zero, so the prefix they share has nothing to learn from them.
 
-A root that ends before turn K (it answered, the environment ended, a failure) cannot
-branch: its group is played as independent episodes from the start instead. Only the chat
-tool-call protocol branches (an inline environment, or a `rollout_fn` of one's own, is
-refused when the trainer is built).
+Both built-in protocols branch. In the chat protocol a turn is an assistant message and
+what followed it; in the inline protocol (an environment with `inline_markers`) a turn is
+one generation, up to a marker, and its observation: the members go on writing the root's
+one assistant turn from where it stopped (a REPL forked after its K-th line). A root that
+ends before turn K (it answered, the environment ended, a failure) cannot branch: its group
+is played as independent episodes from the start instead. A `rollout_fn` of one's own is
+refused when the trainer is built.
 """
 
 from __future__ import annotations
@@ -24,7 +27,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from toolgym.agents.custom import EpisodeContext, EpisodeEnd, RolloutContext
-from toolgym.agents.rollout_functions import chat_rollout, chat_turns
+from toolgym.agents.rollout_functions import (
+    add_inline_message,
+    chat_rollout,
+    chat_turns,
+    inline_markers,
+    inline_rollout,
+    inline_turns,
+)
 from toolgym.agents.trajectory import Trajectory
 from toolgym.envs.stepping import Stepper
 
@@ -37,6 +47,9 @@ class _Paused:
 
     messages: list[dict[str, Any]]
     context: EpisodeContext
+    turn_start: int
+    """Where the open assistant turn's tokens start in the completion (the inline protocol:
+    the members' message is the whole turn, the root's part included)."""
 
 
 class Branch(Stepper):
@@ -75,10 +88,18 @@ def play_trees(
     paused: dict[int, _Paused] = {}
 
     async def until_branch(ctx: RolloutContext, env: Any) -> Trajectory:
+        markers = inline_markers(env)
+        if markers:
+            ctx.tools = []  # inline episodes call no tools
         trajectory = ctx.start(tools=ctx.tools)
-        if await chat_turns(ctx, trajectory, 0, at_turn):
+        start = len(trajectory.completion_ids)
+        if markers:
+            ended = await inline_turns(ctx, trajectory, markers, at_turn)
+        else:
+            ended = await chat_turns(ctx, trajectory, 0, at_turn)
+        if ended:
             return trajectory  # ended before the branch point: no tree
-        paused[id(env)] = _Paused([dict(m) for m in ctx.messages], ctx.context())
+        paused[id(env)] = _Paused([dict(m) for m in ctx.messages], ctx.context(), start)
         ctx.reward = 0.0  # nothing is read of the environment at the branch point
         return trajectory
 
@@ -120,12 +141,23 @@ def _branch_row(row: Row, env: Any) -> Row:
 
 async def _tree_member(ctx: RolloutContext, env: Any) -> Trajectory:
     """A branch goes on from the root's context, its shared turns masked; any other member
-    plays the chat loop from the start."""
+    plays its protocol from the start."""
+    markers = inline_markers(env)
     if not isinstance(env, Branch):
-        return await chat_rollout(ctx, env)
+        return await (inline_rollout if markers else chat_rollout)(ctx, env)
+    if markers:
+        ctx.tools = []
     trajectory = ctx.resume(env.paused.context)
     for sample in trajectory.samples:  # the shared turns: not this member's to train
         sample.loss_mask = [0] * len(sample.loss_mask)
-    if not await chat_turns(ctx, trajectory, env.branch_turn, ctx.limits.max_turns):
-        raise EpisodeEnd("max_turns")
-    return trajectory
+    limit = ctx.limits.max_turns
+    if not markers:
+        if not await chat_turns(ctx, trajectory, env.branch_turn, limit):
+            raise EpisodeEnd("max_turns")
+        return trajectory
+    try:  # the same assistant turn as the root's, written on from where it stopped
+        if not await inline_turns(ctx, trajectory, markers, limit):
+            raise EpisodeEnd("max_turns")
+        return trajectory
+    finally:
+        add_inline_message(ctx, trajectory, env.paused.turn_start)

@@ -123,3 +123,16 @@ def test_a_seeded_evaluation_replays_its_games_and_another_seed_does_not(tiny):
     assert tokens(5) == first
     assert tokens(6) != first
     assert len({tuple(ids) for ids in first}) == 3  # three games, three draws
+
+
+def test_hf_greedy_requests_share_a_batch_whatever_their_seeds(tiny, monkeypatch):
+    tokenizer, model = tiny
+    engine = HFEngine(model, tokenizer)
+    batches = []
+    generate = model.generate
+    monkeypatch.setattr(model, "generate", lambda **kw: batches.append(1) or generate(**kw))
+    greedy = [request(tokenizer, "Hello there", seed=s, temperature=0.0) for s in range(3)]
+    assert len({tuple(c.token_ids) for c in engine.generate(greedy)}) == 1
+    assert len(batches) == 1
+    engine.generate([request(tokenizer, "Hello there", seed=s) for s in range(3)])
+    assert len(batches) == 4  # seeded sampling: each request alone

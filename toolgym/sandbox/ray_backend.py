@@ -286,10 +286,6 @@ class RayChannel(Channel):
     """The host's end of a worker in a Ray actor: bytes relayed by actor calls, every one
     under a timeout; protocol checks here, as for any channel."""
 
-    snapshot_bytes = MAX_REPLY_BYTES // 2
-    """A snapshot's reply passes the actor's relay, which carries one reply line of at most
-    `MAX_REPLY_BYTES`."""
-
     def __init__(
         self,
         actor: Any,
@@ -605,8 +601,10 @@ class _Relay:
         return channel
 
     def _read_line(self, channel: Channel, deadline: float) -> dict[str, Any]:
-        received, eof, error = b"", False, None
-        while b"\n" not in received and len(received) <= MAX_REPLY_BYTES:
+        """Bytes until a newline, or `MAX_REPLY_BYTES` of a longer line (the host reads the
+        rest with `read`: a snapshot's line may be many times that), or `deadline`."""
+        received, eof, error = bytearray(), False, None
+        while len(received) <= MAX_REPLY_BYTES:
             remaining = deadline - time.monotonic()
             try:
                 if remaining <= 0:
@@ -622,25 +620,27 @@ class _Relay:
                 eof = True
                 break
             received += chunk
+            if b"\n" in chunk:  # only the new bytes are searched: a long line reads linearly
+                break
         if error is None and not eof:
             more, eof = self._drain(channel)
             received += more
-        return self._result(channel, data=received, eof=eof, error=error)
+        return self._result(channel, data=bytes(received), eof=eof, error=error)
 
     @staticmethod
     def _drain(channel: Channel) -> tuple[bytes, bool]:
         """What the worker has written that nobody read yet (without waiting), and whether
         its stream ended."""
-        received = b""
+        received = bytearray()
         while len(received) <= MAX_REPLY_BYTES:
             try:
                 chunk = channel._read(0.0)
             except (TimeoutError, OSError, ValueError):
-                return received, False
+                return bytes(received), False
             if not chunk:
-                return received, True
+                return bytes(received), True
             received += chunk
-        return received, False
+        return bytes(received), False
 
     @staticmethod
     def _result(

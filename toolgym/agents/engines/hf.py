@@ -14,6 +14,7 @@ from toolgym.agents.engines.base import (
     Completion,
     EngineCapabilities,
     GenerationRequest,
+    SamplingParams,
     first_stop_string_end,
 )
 
@@ -56,9 +57,9 @@ class HFEngine:
                 *(getattr(request.sampling, k) for k in _SAMPLING_KEYS),
                 tuple(request.sampling.stop_token_ids),
                 tuple(request.sampling.stop_strings),
-                # a request with images goes alone, and so does a seeded one (its tokens
-                # must not depend on what else shares its batch)
-                index if request.images or request.sampling.seed is not None else -1,
+                # a request with images goes alone, and so does a seeded sampled one (its
+                # tokens must not depend on what else shares its batch)
+                index if request.images or _seed(request.sampling) is not None else -1,
             )
             groups.setdefault(key, []).append(index)
         with self._lock:
@@ -100,7 +101,7 @@ class HFEngine:
         if images and self.vision is None:
             raise ValueError("this engine was given no image processor (HFEngine(vision=...))")
         pixels = self.vision.model_inputs(input_ids.to(device), images) if images else {}
-        with _seeded(sampling.seed, device):
+        with _seeded(_seed(sampling), device):
             output = self.model.generate(
                 input_ids=input_ids.to(device),
                 attention_mask=attention.to(device),
@@ -137,6 +138,11 @@ class HFEngine:
 
     def close(self) -> None:
         """Nothing to release: the model belongs to the caller."""
+
+
+def _seed(sampling: SamplingParams) -> int | None:
+    """The seed a request samples with (none when greedy: there is nothing to draw)."""
+    return None if sampling.temperature == 0 else sampling.seed
 
 
 @contextlib.contextmanager

@@ -112,7 +112,10 @@ class VLLMEngine:
             are, loads the weights and resumes each from its last token under the new ones
             (the update waits for no one; each token's `Completion.versions` entry says which
             weights sampled it; PipelineRL's in-flight updates).
-        **llm_kwargs: Anything else `vllm.LLM` accepts (e.g. `gpu_memory_utilization`).
+        **llm_kwargs: Anything else `vllm.LLM` accepts (e.g. `gpu_memory_utilization`). On
+            CPU, `enable_chunked_prefill` defaults to False: vLLM cannot rewind a seeded
+            request's generator there after a partial prefill (`SamplingParams.seed`; with
+            chunked prefill turned on, seeded requests are refused).
     """
 
     capabilities = EngineCapabilities(per_request=True)
@@ -143,6 +146,9 @@ class VLLMEngine:
                 os.environ.setdefault(key, value)
             llm_kwargs.setdefault("enforce_eager", True)
             llm_kwargs.setdefault("distributed_executor_backend", "uni")
+            # vLLM rewinds a seeded request's generator after a partial prefill with a
+            # CUDA-only call, which kills the engine on CPU: prompts are prefilled whole
+            llm_kwargs.setdefault("enable_chunked_prefill", False)
             kv_cache_memory_bytes = kv_cache_memory_bytes or _MIN_CPU_KV_CACHE
         llm_kwargs.setdefault("enable_prefix_caching", True)
         if kv_cache_memory_bytes is not None:
@@ -158,6 +164,8 @@ class VLLMEngine:
             **llm_kwargs,
         )
         self.context_length = context_length
+        self._seeds_unsafe = not cuda and llm_kwargs.get("enable_chunked_prefill") is not False
+        """Whether a seeded request could kill this engine (CPU, chunked prefill on)."""
         self._lock = threading.Lock()  # one user of the vLLM engine at a time
         self._admission = threading.Condition()  # guards the four fields below
         self._incoming: list[tuple[GenerationRequest, Future[Completion]]] = []
@@ -173,6 +181,8 @@ class VLLMEngine:
         """One completion per request, in order (one batch through vLLM)."""
         from vllm.inputs import TokensPrompt
 
+        for request in requests:
+            self._check_seed(request)
         prompts = [TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests]
         with self._lock:
             self._wait_until_idle()
@@ -180,12 +190,21 @@ class VLLMEngine:
             version = self.weights_version
         return [_completion(output.outputs[0], version) for output in outputs]
 
+    def _check_seed(self, request: GenerationRequest) -> None:
+        if self._seeds_unsafe and request.sampling.seed is not None:
+            raise ValueError(
+                "seeded sampling on vLLM's CPU backend needs enable_chunked_prefill=False "
+                "(the default here): with chunked prefill, vLLM rewinds a seeded request's "
+                "generator with a CUDA-only call and its engine dies"
+            )
+
     def submit(self, request: GenerationRequest) -> Future[Completion]:
         """Start one request now; its completion arrives on the future the moment it is done.
 
         Requests join vLLM's running batch between engine steps (continuous batching), so a
         short completion never waits for a long one submitted with it.
         """
+        self._check_seed(request)
         future: Future[Completion] = Future()
         with self._admission:
             if self._closed:

@@ -345,6 +345,7 @@ def vllm_server(tmp_path_factory):
         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "2048",
         "--enforce-eager", "--kv-cache-memory-bytes", str(256 << 20),
         "--distributed-executor-backend", "uni", "--logprobs-mode", "processed_logprobs",
+        "--no-enable-chunked-prefill",  # seeded requests on CPU (docs/agents.md)
     ]  # fmt: skip
     log = open(tmp_path_factory.mktemp("server-log") / "server.log", "w+")  # noqa: SIM115
     server = subprocess.Popen(command, env=environment, stdout=log, stderr=subprocess.STDOUT)
@@ -505,6 +506,7 @@ def assert_seeds_replay_sampling(engine, tokenizer) -> None:
     beside = engine.generate([sampled(None, prompt[:3]), sampled(7), sampled(8, prompt[:5])])
     assert beside[1].token_ids == alone
     assert engine.generate([sampled(7)])[0].token_ids == alone
+    assert engine.submit(sampled(7)).result(timeout=60).token_ids == alone  # the agent's path
     draws = {tuple(engine.generate([sampled(seed)])[0].token_ids) for seed in range(4)}
     assert len(draws) > 1, draws
 
@@ -554,6 +556,8 @@ def test_vllm_on_cpu_with_chunked_prefill_refuses_seeds_by_name(tmp_path):
             engine.submit(seeded)
         unseeded = GenerationRequest([5, 6, 7], SamplingParams(max_tokens=4))
         assert len(engine.generate([unseeded])[0].token_ids) == 4
+        greedy = GenerationRequest([5, 6, 7], SamplingParams(max_tokens=4, temperature=0, seed=1))
+        assert len(engine.generate([greedy])[0].token_ids) == 4  # nothing drawn, nothing to seed
     finally:
         engine.close()
 

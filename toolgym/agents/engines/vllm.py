@@ -191,7 +191,8 @@ class VLLMEngine:
         return [_completion(output.outputs[0], version) for output in outputs]
 
     def _check_seed(self, request: GenerationRequest) -> None:
-        if self._seeds_unsafe and request.sampling.seed is not None:
+        sampling = request.sampling
+        if self._seeds_unsafe and sampling.seed is not None and sampling.temperature > 0:
             raise ValueError(
                 "seeded sampling on vLLM's CPU backend needs enable_chunked_prefill=False "
                 "(the default here): with chunked prefill, vLLM rewinds a seeded request's "
@@ -393,13 +394,13 @@ class _InFlight:
     latest: Any = None
 
     def rest(self) -> GenerationRequest:
-        """What is left to generate: the request less the tokens it has (a seeded one goes on
-        with a seed of its own, not the start of its first stream again)."""
+        """What is left to generate: the request less the tokens it has (a seeded one that
+        was stopped goes on with a seed of its own, not the start of its first stream)."""
         seed, done = self.request.sampling.seed, len(self.done.token_ids)
+        if seed is not None and done:
+            seed = completion_seed(seed, "after", done)
         sampling = replace(
-            self.request.sampling,
-            max_tokens=self.request.sampling.max_tokens - done,
-            seed=None if seed is None else completion_seed(seed, "after", done),
+            self.request.sampling, max_tokens=self.request.sampling.max_tokens - done, seed=seed
         )
         return replace(self.request, sampling=sampling)
 

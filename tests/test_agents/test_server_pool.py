@@ -16,7 +16,7 @@ import threading
 import time
 
 import pytest
-from helpers import wordle_rows
+from helpers import three_turns, wordle_rows
 from vllm_servers import (
     Servers,
     decisive,
@@ -169,15 +169,6 @@ class Watched:
             lambda _: self.served.append((request.session, router.server_of(request.session)))
         )
         return future
-
-
-async def three_turns(ctx, env):
-    """Three generations in one episode, whatever the model writes."""
-    trajectory = ctx.start()
-    for _ in range(3):
-        await ctx.generate(trajectory)
-        ctx.observe(trajectory, " and then?")
-    return trajectory
 
 
 @pytest.mark.vllm

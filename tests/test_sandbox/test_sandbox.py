@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from helpers import ids
 from sandbox_envs import Misbehaving
+from sandbox_marks import needs_bwrap, needs_docker
 
 import toolgym
 from toolgym.agents import Agent, AgentLimits, ScriptedEngine
@@ -29,23 +30,6 @@ from toolgym.sandbox.process import ProcessBackend, ProcessLimits
 from toolgym.sandbox.remote import RemoteEnvironment, RemoteError, SandboxError
 from toolgym.testing import tiny_tokenizer
 
-REQUIRED = os.environ.get("TOOLGYM_REQUIRE_SANDBOXES") == "1"
-
-
-def _docker_ready() -> bool:
-    from toolgym.sandbox.docker import docker_ready
-
-    return docker_ready()
-
-
-needs_bwrap = pytest.mark.skipif(
-    not REQUIRED and shutil.which("bwrap") is None,
-    reason="bubblewrap is not installed (apt-get install bubblewrap; scripts/sandbox_setup.sh)",
-)
-needs_docker = pytest.mark.skipif(
-    not REQUIRED and not _docker_ready(),
-    reason="no Docker daemon or no sandbox image (scripts/sandbox_setup.sh as root)",
-)
 BACKENDS = [
     pytest.param("process", id="process"),
     pytest.param("docker", id="docker", marks=[needs_docker, pytest.mark.docker]),

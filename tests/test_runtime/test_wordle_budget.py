@@ -124,3 +124,62 @@ def test_the_example_stops_when_its_plan_leaves_no_grpo_step(monkeypatch) -> Non
         wordle.stop_without_grpo(plan, args)
     wordle.stop_without_grpo(plan, argparse.Namespace(time_budget=BUDGET, steps=0))  # asked for
     sys.modules.pop("wordle", None)
+
+
+def test_the_examples_plan_on_an_epyc_without_amx_keeps_a_48_game_evaluation(
+    monkeypatch,
+) -> None:
+    """The example's own request on the speeds measured on a 2-core AMD EPYC without AMX
+    (2026-12-07: 6.78 s per warm-up game in the probe; 0.25 and 10 times that per evaluation
+    game and GRPO step). It keeps the 72-game warm-up and 64 sampled held-out games, and on
+    a machine twice as slow the evaluation stops at its floor of 48 games, where a seeded
+    paired change of consistent guesses had a standard error of 0.19."""
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "examples"))
+    import wordle
+
+    args = wordle.build_parser().parse_args([])
+    args.time_budget = BUDGET  # main()'s default
+    assert (args.eval_games, args.min_eval_games, args.greedy_share) == (64, 48, 0.0)
+    for probe, sizes in ((6.78, (72, 64)), (13.56, (64, 48))):
+        speeds = Speeds.from_warmup(probe, wordle.EVAL_RATIO, wordle.step_ratio(args))
+        plan = plan_budget(wordle.budget_request(args, 38.0, args.warmup_games), speeds)
+        assert (plan.warmup_games, plan.eval_games) == sizes
+        assert plan.seconds["evaluation"] == pytest.approx(sizes[1] * 2.25 * speeds.eval_game)
+    sys.modules.pop("wordle", None)
+
+
+def test_the_summary_table_shows_greedy_rows_only_when_greedy_games_were_played(
+    monkeypatch,
+) -> None:
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "examples"))
+    import wordle
+
+    def figures(rewards: list[float]) -> dict:
+        skills = [{"win": r} | {key: 2 * r for key in wordle.SKILLS} for r in rewards]
+        return {
+            "reward": sum(rewards) / len(rewards),
+            "success_rate": 0.5,
+            "episodes": len(rewards),
+            "env": {"consistent_guesses": 1.0},
+            "statuses": {"env_done": len(rewards)},
+            "rewards": rewards,
+            "skills": skills,
+        }
+
+    before, after = {"sampled": figures([0.0, 1.0])}, {"sampled": figures([1.0, 1.0])}
+    table = wordle.summary_table(before, after)
+    assert "greedy" not in table and "(2 games sampled;" in table
+    assert "+0.500 ± 0.500" in table  # the reward's paired change
+    assert "+1.00±1.00" in table  # consistent guesses: 2 x the reward here
+    assert "50.0% ± 35.4%" in table and "+50.0% ± 50.0%" in table  # win rate; wins' change
+    before["greedy"], after["greedy"] = figures([0.0]), figures([1.0])
+    table = wordle.summary_table(before, after)
+    assert "greedy change" in table and "the first 1 of them also greedily" in table
+    assert [wordle.greedy_games(64, share) for share in (0.0, 0.01, 0.5, 1.0)] == [0, 1, 32, 64]
+    sys.modules.pop("wordle", None)

@@ -59,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--branch-at-turn", type=int, default=0,
         help="play each group as a tree branching after this many lines (0: independent)",
     )  # fmt: skip
+    parser.add_argument(
+        "--tree-size", type=int, default=None,
+        help="with --branch-at-turn: episodes per tree, several trees a group whose shared "
+        "lines train against the other trees' (default: one tree a group)",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-dir", default="runs/repl")
     parser.add_argument("--time-budget", type=parse_duration, default="20m")
@@ -90,6 +95,7 @@ def config_from(args: argparse.Namespace) -> GRPOConfig:
         step_rewards=args.step_rewards,
         max_staleness=args.max_staleness,
         branch_at_turn=args.branch_at_turn,
+        tree_size=args.tree_size,
         save_steps=0,
         verbose=args.verbose,
     )

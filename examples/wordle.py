@@ -122,6 +122,7 @@ def config_from(args: argparse.Namespace) -> GRPOConfig:
         curriculum=bool(args.levels),
         dynamic_sampling=args.dynamic_sampling,
         branch_at_turn=args.branch_at_turn,
+        tree_size=args.tree_size,
         max_staleness=(
             (1 if args.engine.startswith("vllm") else 0)
             if args.max_staleness is None
@@ -346,6 +347,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="play each GRPO group as a tree: one game plays this many guesses, then it is "
         "forked and the group's members go on from there (GRPOConfig.branch_at_turn; 0: "
         "independent games)",
+    )
+    parser.add_argument(
+        "--tree-size",
+        type=int,
+        default=None,
+        help="with --branch-at-turn: games per tree, so that a group is several trees whose "
+        "shared guesses train against the other trees' (GRPOConfig.tree_size; default: one "
+        "tree a group)",
     )
     parser.add_argument(
         "--known-letters",

@@ -125,6 +125,74 @@ def test_a_grpo_step_trains_the_members_after_the_branch_point(tmp_path):
     assert all(set(t.samples[0].loss_mask[:shared]) == {0} for t in saved)
 
 
+def test_several_trees_a_group_train_their_shared_turns_once_each(tmp_path):
+    """A group of 4 as 2 trees of 2 (`tree_size=2`): two roots, each member's shared turn
+    keeps its loss mask and is credited with its tree's mean against the group's, its own
+    turns against its sibling."""
+    from toolgym.algorithms import GRPOTrainer
+    from toolgym.algorithms.credit import assign_credit
+    from toolgym.testing import tiny_model
+
+    tokenizer = tiny_tokenizer()
+    engine, seen = engine_for(tokenizer, CALL.format(points=1))
+    engine.update_weights = lambda *args, **kwargs: None
+    args = tiny_grpo_args(
+        tmp_path,
+        num_generations=4,
+        micro_batch_size=4,
+        branch_at_turn=1,
+        tree_size=2,
+        scale_rewards="none",
+        limits={"max_turns": 4},
+    )
+    trainer = GRPOTrainer(
+        tiny_model(tokenizer),
+        Tally,
+        [{"prompt": []}],
+        args=args,
+        tokenizer=tokenizer,
+        engine=engine,
+    )
+    metrics, saved = trained_step(trainer, tmp_path)
+    assert seen.count(0) == 2  # one root a tree
+    rewards = [t.reward for t in saved]
+    assert sorted(rewards) == [3.0, 3.0, 4.0, 6.0]  # 1 + one of 2, 3, 5 (cycled)
+    shared = len(tokenizer(CALL.format(points=1))["input_ids"])
+    for index, t in enumerate(saved):
+        cut = t.shared[0]  # the root's call and its result
+        assert cut > shared and len(t.shared) == 1
+        sibling = saved[index ^ 1]  # the other member of its tree
+        assert t.samples[0].completion_ids[:cut] == sibling.samples[0].completion_ids[:cut]
+        assert set(t.samples[0].loss_mask[:shared]) == {1}  # the root's turn is trained
+    credit = assign_credit(saved, list(range(4)), trainer.args, lambda values: values)
+    assert credit.tokens is not None
+    group_mean = sum(rewards) / 4
+    for index, (t, tokens) in enumerate(zip(saved, credit.tokens, strict=True)):
+        tree = rewards[index // 2 * 2 : index // 2 * 2 + 2]
+        mean = sum(tree) / 2
+        cut = t.shared[0]
+        assert tokens[0][:cut] == pytest.approx([mean - group_mean] * cut)
+        assert tokens[-1][-1] == pytest.approx(t.reward - mean)
+    assert metrics["groups_without_signal"] == 0
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"tree_size": 2}, "set branch_at_turn"),
+        ({"tree_size": 3, "branch_at_turn": 1}, "divide num_generations"),
+        ({"tree_size": 1, "branch_at_turn": 1}, "at least 2"),
+        (
+            {"tree_size": 2, "branch_at_turn": 1, "credit": "turn", "step_rewards": "return"},
+            "use one of them",
+        ),
+    ],
+)
+def test_bad_tree_sizes_are_refused(tmp_path, settings, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_grpo_args(tmp_path, num_generations=4, **settings)
+
+
 def inline_engine(tokenizer):
     """A REPL policy: the root writes `x = 20`; each member adds its own amount (1, 2 or 22),
     then submits x (the answer is 42: the member that added 22 wins)."""

@@ -152,6 +152,10 @@ class Trajectory:
             scored apart (two players, a proposer and a solver; set by a rollout function);
             a role without one gets `reward`. Training gives each role a baseline of its own
             (`toolgym.algorithms.role_baselines`).
+        shared: Tree rollouts (`GRPOConfig.branch_at_turn`): per sample, how many of its
+            completion tokens (from the start) the episode shares with the other members of
+            its tree, the root's turns before the branch point; empty for an episode played
+            on its own. Training credits them apart (`toolgym.algorithms.tree_credit`).
 
     `prompt_ids`, `completion_ids`, `loss_mask` and `logprobs` read the last sample's.
     """
@@ -169,6 +173,7 @@ class Trajectory:
     extras: dict[str, Any] = field(default_factory=dict)
     role_rewards: dict[str, float] = field(default_factory=dict)
     judgements: list[dict[str, Any]] = field(default_factory=list)
+    shared: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.samples or not all(isinstance(s, Sample) for s in self.samples):

@@ -217,6 +217,14 @@ class GRPOConfig:
     there, so the members differ only after the branch point (their shared turns are not
     trained). 0: independent episodes. One process; the chat and the inline protocol (an
     inline turn is one generation: a REPL branches after its K-th line)."""
+    tree_size: int | None = None
+    """With `branch_at_turn`: the episodes per tree, so that each group of `num_generations`
+    is `num_generations / tree_size` trees of the same row, each with a root of its own (None:
+    one tree per group). With several trees, a member's turns after the branch point are
+    credited against its tree's mean (its siblings), and the shared turns are trained with
+    the tree's mean against the group's (`advantage="rloo"`: against the other trees' mean),
+    on the tokens every member holds of them: the gradient of training the prefix once for
+    the members it stands for (`toolgym.algorithms.tree_credit`)."""
     keep_in_flight: bool = False
     """Keep every training episode after each turn in `output_dir/in-flight/` (its
     environment's snapshot and its context, `toolgym.algorithms.kept_episodes`), so that a
@@ -374,6 +382,19 @@ class GRPOConfig:
             raise ValueError("branch_at_turn must be >= 0 (0: no tree rollouts)")
         if self.keep_in_flight and self.branch_at_turn:
             raise ValueError("keep_in_flight does not keep tree rollouts (branch_at_turn)")
+        if self.tree_size is not None:
+            if not self.branch_at_turn:
+                raise ValueError("tree_size sizes tree rollouts: set branch_at_turn too")
+            if self.tree_size < 2 or self.num_generations % self.tree_size:
+                raise ValueError(
+                    f"tree_size {self.tree_size} must be at least 2 and divide "
+                    f"num_generations ({self.num_generations})"
+                )
+            if self.credit == "turn" and self.tree_size < self.num_generations:
+                raise ValueError(
+                    'credit="turn" and several trees per group (tree_size) both credit '
+                    "tokens by turn; use one of them"
+                )
         if self.dynamic_sampling_rounds < 1:
             raise ValueError("dynamic_sampling_rounds must be at least 1")
         if self.credit not in ("episode", "turn"):

@@ -3,6 +3,9 @@
 Every episode gets its group-relative advantage (`group_advantages`: GRPO's mean baseline or
 RLOO's leave-one-out, over every process's episodes). Then at most one finer rule replaces it
 token by token:
+- groups played as several trees (`tree_size`): a member's own turns against its siblings,
+  the shared turns with their tree's mean against the group's
+  (`toolgym.algorithms.tree_credit`);
 - `credit="turn"`: each turn's tokens get the advantage of what followed them
   (`toolgym.algorithms.turn_credit`);
 - otherwise, where an episode has several roles or a role reward, each role's tokens get the
@@ -23,6 +26,7 @@ from toolgym.agents.trajectory import Trajectory
 from toolgym.algorithms.advantages import group_advantages, trainable
 from toolgym.algorithms.config import GRPOConfig
 from toolgym.algorithms.role_baselines import role_credit
+from toolgym.algorithms.tree_credit import tree_credit
 from toolgym.algorithms.turn_credit import batch_credit
 
 TokenCredit = list[list[list[float]]]
@@ -63,7 +67,19 @@ def assign_credit(
         scale=args.scale_rewards,
     )
     tokens: TokenCredit | None
-    if args.credit == "turn":
+    if args.tree_size and args.tree_size < args.num_generations:  # several trees a group
+        tokens = tree_credit(
+            trajectories,
+            share,
+            everyone,
+            args.num_generations,
+            args.tree_size,
+            args.advantage,
+            args.scale_rewards,
+            gather,
+            step_credit=args.step_rewards == "tokens",
+        )
+    elif args.credit == "turn":
         tokens = batch_credit(
             trajectories, everyone, share, args.num_generations, args.scale_rewards, gather
         )

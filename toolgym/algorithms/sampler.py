@@ -192,8 +192,10 @@ class Sampler:
                         envs,
                         mine,
                         [seeds[i] for i in share],
-                        self.args.num_generations,
+                        self.args.tree_size or self.args.num_generations,
                         self.args.branch_at_turn,
+                        train_shared=(self.args.tree_size or self.args.num_generations)
+                        < self.args.num_generations,
                     )
                     envs.extend(env for env in played if env not in envs)
                 elif self.kept is not None:  # kept after every turn, resumed where kept

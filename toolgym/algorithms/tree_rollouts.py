@@ -1,15 +1,19 @@
 """Tree rollouts: a group's first turns played once, then the episode forked.
 
-With `GRPOConfig.branch_at_turn = K`, each group of `num_generations` episodes is played as a
-tree. One root episode plays turns 1..K; the environment is then forked (`Stepper.fork`) and
-the episode's context copied (`RolloutContext.context`), and each of the group's members goes
-on from there on its own copy (`RolloutContext.resume`). The siblings share the first K
-turns token for token (the engine's prefix cache holds them once) and differ only in what
-follows, so their rewards compare what they did after the branch point.
+With `GRPOConfig.branch_at_turn = K`, each group of `num_generations` episodes is played as
+trees of `tree_size` members (default: one tree per group). Each tree's root episode plays
+turns 1..K; the environment is then forked (`Stepper.fork`) and the episode's context copied
+(`RolloutContext.context`), and each of the tree's members goes on from there on its own copy
+(`RolloutContext.resume`). The siblings share the first K turns token for token (the engine's
+prefix cache holds them once) and differ only in what follows, so their rewards compare what
+they did after the branch point. Each member's trajectory records how many tokens of each
+sample it shares (`Trajectory.shared`).
 
-Training: the members are the group, each other's baseline, as in GRPO. The shared turns
-are in every member's trajectory with a loss mask of 0: within a tree the members'
-advantages sum to zero, so the prefix they share has nothing to learn from them.
+Training: with one tree per group, the members are the group, each other's baseline, as in
+GRPO, and the shared turns carry a loss mask of 0: within the tree the members' advantages
+sum to zero, so the prefix they share has nothing to learn from them. With several trees per
+group the shared turns keep their mask, and `toolgym.algorithms.tree_credit` credits them
+with their tree's mean against the other trees'.
 
 Both built-in protocols branch. In the chat protocol a turn is an assistant message and
 what followed it; in the inline protocol (an environment with `inline_markers`) a turn is
@@ -56,10 +60,14 @@ class Branch(Stepper):
     """One member of a tree: a fork of the root's environment whose `reset` keeps the state
     it was forked with (the episode goes on from the branch point)."""
 
-    def __init__(self, forked: Stepper, paused: _Paused, turn: int) -> None:
+    def __init__(
+        self, forked: Stepper, paused: _Paused, turn: int, train_shared: bool = False
+    ) -> None:
         super().__init__(forked.executor)
         self.state, self.forked = forked.state, forked
         self.paused, self.branch_turn = paused, turn
+        self.train_shared = train_shared
+        """Whether the member's shared turns keep their loss mask (several trees per group)."""
 
     def reset(self, seed: int | None = None, **row: Any) -> str | None:
         """Nothing: the episode goes on from the fork (its first messages are the row's)."""
@@ -76,13 +84,15 @@ def play_trees(
     seeds: Sequence[int | None],
     group: int,
     at_turn: int,
+    train_shared: bool = False,
 ) -> tuple[list[Trajectory], list[Any]]:
-    """The episodes of `rows` (groups of `group` consecutive rows, each with its environment
-    in `envs`), each group a tree branching after `at_turn` turns; their trajectories in
-    order, and the environments that played them (forks replace the group's own, which the
-    caller closes; the caller closes the forks too)."""
+    """The episodes of `rows` (trees of `group` consecutive rows, each with its environment
+    in `envs`), each tree branching after `at_turn` turns; their trajectories in order, and
+    the environments that played them (forks replace the tree's own, which the caller
+    closes; the caller closes the forks too). `train_shared`: the members' shared turns keep
+    their loss mask (several trees per group; else it is 0)."""
     if len(envs) % group or len(envs) != len(rows) or len(rows) != len(seeds):
-        raise ValueError("a tree rollout needs whole groups: one environment and seed per row")
+        raise ValueError("a tree rollout needs whole trees: one environment and seed per row")
     if not all(isinstance(env, Stepper) for env in envs):
         raise TypeError("a tree rollout forks stepped environments (toolgym.make, as_environment)")
     paused: dict[int, _Paused] = {}
@@ -117,7 +127,7 @@ def play_trees(
             if state is None or envs[root].done:
                 continue  # the group plays from the start, on its own environments
             copies = envs[root].fork(group)
-            played[root : root + group] = [Branch(c, state, at_turn) for c in copies]
+            played[root : root + group] = [Branch(c, state, at_turn, train_shared) for c in copies]
         trajectories = agent.run(
             played,
             [_branch_row(row, env) for row, env in zip(rows, played, strict=True)],
@@ -148,8 +158,10 @@ async def _tree_member(ctx: RolloutContext, env: Any) -> Trajectory:
     if markers:
         ctx.tools = []
     trajectory = ctx.resume(env.paused.context)
-    for sample in trajectory.samples:  # the shared turns: not this member's to train
-        sample.loss_mask = [0] * len(sample.loss_mask)
+    trajectory.shared = [len(sample.completion_ids) for sample in trajectory.samples]
+    if not env.train_shared:  # one tree per group: the shared turns have no baseline
+        for sample in trajectory.samples:
+            sample.loss_mask = [0] * len(sample.loss_mask)
     limit = ctx.limits.max_turns
     if not markers:
         if not await chat_turns(ctx, trajectory, env.branch_turn, limit):

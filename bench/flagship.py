@@ -4,9 +4,9 @@ share of the GRPO steps, then `peak R GB (limit 8 GB)` as the last line; exits 1
 is over the limit.
 
 By default a shortened run that keeps every memory driver of the default one: the warm-up's
-micro-batches (one optimizer step of 8 games), the KV cache sized for 32 evaluation games, 32
-greedy and 32 sampled evaluation games before and after, and 2 GRPO steps of the default
-size. About 6 minutes on 2 cores. `--full` runs the default command itself (30 minutes).
+micro-batches (one optimizer step of 8 games), the default evaluation (64 games sampled
+before and after, with the default KV cache), and 2 GRPO steps of the default size. About
+6 minutes on 2 cores. `--full` runs the default command itself (30 minutes).
 `--compare` runs the shortened run twice, first with the update as it was before the fused
 loss and prefix sharing (`--loss-impl chunked --no-share-prefix --micro-batch-size 2`), then
 as it is, and ends with the update's time and share before and after and both peaks.

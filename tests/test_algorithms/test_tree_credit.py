@@ -127,3 +127,26 @@ def test_step_rewards_credited_to_tokens_add_on_their_spans():
 def test_groups_that_do_not_split_into_trees_are_refused():
     with pytest.raises(ValueError, match="groups of trees"):
         tree_credit([], [], [(0.0, True)] * 4, 4, 3, "grpo", "none", lambda values: values)
+
+
+def test_a_sub_episode_joined_into_a_member_leaves_its_shared_count_on_its_own_sample():
+    """A member's last sample (the one the root's turns began) keeps its shared count when
+    a sub-agent's samples are joined in before it."""
+    from toolgym.agents.subagents import join_side_samples
+
+    member = trajectory(1.0, [4, 6], [4, 3])
+    join_side_samples(member, [(1, trajectory(0.0, [2, 2]), "helper")])
+    assert [len(s.completion_ids) for s in member.samples] == [4, 2, 2, 6]
+    assert member.shared == [4, 0, 0, 3]
+
+
+def test_several_roles_are_refused_beside_several_trees(tmp_path):
+    from helpers import tiny_grpo_args
+
+    from toolgym.algorithms.credit import assign_credit
+
+    args = tiny_grpo_args(tmp_path, num_generations=4, branch_at_turn=1, tree_size=2)
+    trajectories = [trajectory(r, [3], [1]) for r in (0.0, 1.0, 0.0, 1.0)]
+    trajectories[0].role_rewards = {"policy": 0.5}
+    with pytest.raises(ValueError, match="per-role baselines inside trees"):
+        assign_credit(trajectories, list(range(4)), args, lambda values: values)

@@ -118,6 +118,8 @@ def join_side_samples(trajectory: Trajectory, side: list[tuple[int, Trajectory, 
     for step in trajectory.step_rewards:
         if step.get("sample") == last:
             step["sample"] = last + total
+    if len(trajectory.shared) > last:  # a tree member: the last sample's shared count follows it
+        trajectory.shared[last:] = [0] * total + trajectory.shared[last:]
 
 
 async def step_with_subagents(ctx: Any, calls: list[Any], target: Trajectory | None) -> StepResult:

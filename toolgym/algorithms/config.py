@@ -214,9 +214,10 @@ class GRPOConfig:
     branch_at_turn: int = 0
     """Play each group as a tree (`toolgym.algorithms.tree_rollouts`): one root plays this
     many turns, then the environment is forked and every member of the group goes on from
-    there, so the members differ only after the branch point (their shared turns are not
-    trained). 0: independent episodes. One process; the chat and the inline protocol (an
-    inline turn is one generation: a REPL branches after its K-th line)."""
+    there, so the members differ only after the branch point (with one tree per group their
+    shared turns are not trained; see `tree_size`). 0: independent episodes. One process; the
+    chat and the inline protocol (an inline turn is one generation: a REPL branches after its
+    K-th line)."""
     tree_size: int | None = None
     """With `branch_at_turn`: the episodes per tree, so that each group of `num_generations`
     is `num_generations / tree_size` trees of the same row, each with a root of its own (None:

@@ -25,7 +25,7 @@ import torch
 from toolgym.agents.trajectory import Trajectory
 from toolgym.algorithms.advantages import group_advantages, trainable
 from toolgym.algorithms.config import GRPOConfig
-from toolgym.algorithms.role_baselines import role_credit
+from toolgym.algorithms.role_baselines import needs_roles, role_credit, role_rewards
 from toolgym.algorithms.tree_credit import tree_credit
 from toolgym.algorithms.turn_credit import batch_credit
 
@@ -68,6 +68,12 @@ def assign_credit(
     )
     tokens: TokenCredit | None
     if args.tree_size and args.tree_size < args.num_generations:  # several trees a group
+        if needs_roles(gather([role_rewards(t) for t in trajectories]), rewards):
+            raise ValueError(
+                "several trees per group (tree_size) and episodes of several roles or role "
+                "rewards each credit tokens their own way; per-role baselines inside trees "
+                "are not built yet: use one tree per group or one role"
+            )
         tokens = tree_credit(
             trajectories,
             share,

@@ -13,12 +13,14 @@ Two levels of credit, in float64:
   gradient is the prefix's, trained once, times the members it stands for: the sum a group
   of M independent episodes with these first turns would give it.
 
-With both levels the advantages of a member's tokens add up to GRPO's own: the shared part's
-plus the member's part is its reward against the group's mean. An episode played on its own
-(a root that ended before the branch point plays its tree's rows from the start) is a tree of
-one: all its tokens get its reward against the group's baseline, as in GRPO. Infrastructure
-failures (`trainable` false) are left out of every mean; a tree without a valid member does
-not count among the trees. Advantages are scaled as `group_advantages` scales them (the
+With GRPO's baseline the advantages of a member's tokens add up to GRPO's own: the shared
+part's plus the member's part is its reward against the group's mean (with RLOO's, each level
+has its own leave-one-out mean, and the sum is not plain RLOO's). An episode played on its
+own (a root that ended before the branch point plays its tree's rows from the start) is a tree
+of one: all its tokens get its reward against the group's baseline (GRPO's exactly; RLOO's
+other trees' mean). A branched tree with one valid member gives that member's own tokens 0.
+Infrastructure failures (`trainable` false) are left out of every mean; a tree without a valid
+member does not count among the trees. Advantages are scaled as `group_advantages` scales them (the
 group's reward std, the batch's, or none); step rewards credited to tokens
 (`step_rewards="tokens"`) are added on their spans, as without trees.
 """

@@ -19,8 +19,8 @@ Both built-in protocols branch. In the chat protocol a turn is an assistant mess
 what followed it; in the inline protocol (an environment with `inline_markers`) a turn is
 one generation, up to a marker, and its observation: the members go on writing the root's
 one assistant turn from where it stopped (a REPL forked after its K-th line). A root that
-ends before turn K (it answered, the environment ended, a failure) cannot branch: its group
-is played as independent episodes from the start instead. A `rollout_fn` of one's own is
+ends before turn K (it answered, the environment ended, a failure) cannot branch: its tree's
+rows are played as independent episodes from the start instead. A `rollout_fn` of one's own is
 refused when the trainer is built.
 """
 

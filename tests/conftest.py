@@ -66,10 +66,13 @@ def _registrations_stay_in_their_test() -> Iterator[None]:
     gymnasium = sys.modules.get("gymnasium")
     gym_before = set(gymnasium.registry) if gymnasium is not None else None
     yield
-    for env_id in set(registry._registry) - set(before):
+    added = set(registry._registry) - set(before)
+    twins = {registry._registry[env_id].gymnasium_id for env_id in added}
+    for env_id in added:
         del registry._registry[env_id]
     registry._registry.update(before)
     if gymnasium is not None and gym_before is not None:
-        for gym_id in set(gymnasium.registry) - gym_before:
-            if gym_id.startswith("toolgym/"):
-                del gymnasium.registry[gym_id]
+        # only the twins of ids this test registered: the first `import toolgym.gym` gives
+        # every built-in id its twin once, and the module is not imported (run) again
+        for gym_id in (set(gymnasium.registry) - gym_before) & twins:
+            del gymnasium.registry[gym_id]

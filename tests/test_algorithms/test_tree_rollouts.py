@@ -96,28 +96,26 @@ def test_a_root_that_ends_before_the_branch_point_gives_an_ordinary_group():
     assert all(1 in t.loss_mask for t in trajectories)
 
 
-def test_a_grpo_step_trains_the_members_after_the_branch_point(tmp_path):
+def tree_trainer(tmp_path, **settings):
+    """A GRPO trainer of Tally on the tiny model with `engine_for`'s scripted policy
+    (`settings`: the config's tree fields), and the list of turns each generation saw."""
     from toolgym.algorithms import GRPOTrainer
     from toolgym.testing import tiny_model
 
     tokenizer = tiny_tokenizer()
     engine, seen = engine_for(tokenizer, CALL.format(points=1))
     engine.update_weights = lambda *args, **kwargs: None
-    args = tiny_grpo_args(
-        tmp_path,
-        num_generations=3,
-        micro_batch_size=3,
-        branch_at_turn=1,
-        limits={"max_turns": 4},
-    )
+    args = tiny_grpo_args(tmp_path, branch_at_turn=1, limits={"max_turns": 4}, **settings)
+    model = tiny_model(tokenizer)
     trainer = GRPOTrainer(
-        tiny_model(tokenizer),
-        Tally,
-        [{"prompt": []}],
-        args=args,
-        tokenizer=tokenizer,
-        engine=engine,
+        model, Tally, [{"prompt": []}], args=args, tokenizer=tokenizer, engine=engine
     )
+    return trainer, seen
+
+
+def test_a_grpo_step_trains_the_members_after_the_branch_point(tmp_path):
+    trainer, seen = tree_trainer(tmp_path, num_generations=3, micro_batch_size=3)
+    tokenizer = trainer.tokenizer
     metrics, saved = trained_step(trainer, tmp_path)
     assert seen.count(0) == 1 and sorted(t.reward for t in saved) == [3.0, 4.0, 6.0]
     assert metrics["groups_without_signal"] == 0
@@ -129,30 +127,12 @@ def test_several_trees_a_group_train_their_shared_turns_once_each(tmp_path):
     """A group of 4 as 2 trees of 2 (`tree_size=2`): two roots, each member's shared turn
     keeps its loss mask and is credited with its tree's mean against the group's, its own
     turns against its sibling."""
-    from toolgym.algorithms import GRPOTrainer
     from toolgym.algorithms.credit import assign_credit
-    from toolgym.testing import tiny_model
 
-    tokenizer = tiny_tokenizer()
-    engine, seen = engine_for(tokenizer, CALL.format(points=1))
-    engine.update_weights = lambda *args, **kwargs: None
-    args = tiny_grpo_args(
-        tmp_path,
-        num_generations=4,
-        micro_batch_size=4,
-        branch_at_turn=1,
-        tree_size=2,
-        scale_rewards="none",
-        limits={"max_turns": 4},
+    trainer, seen = tree_trainer(
+        tmp_path, num_generations=4, micro_batch_size=4, tree_size=2, scale_rewards="none"
     )
-    trainer = GRPOTrainer(
-        tiny_model(tokenizer),
-        Tally,
-        [{"prompt": []}],
-        args=args,
-        tokenizer=tokenizer,
-        engine=engine,
-    )
+    tokenizer = trainer.tokenizer
     metrics, saved = trained_step(trainer, tmp_path)
     assert seen.count(0) == 2  # one root a tree
     rewards = [t.reward for t in saved]

@@ -91,9 +91,29 @@ def tree_credit(
     if group_size % tree_size or len(everyone) % group_size:
         raise ValueError(f"{len(everyone)} episodes do not form groups of trees of {tree_size}")
     branched = gather([bool(t.shared) for t in trajectories])
+    pairs = scaled_advantages(everyone, branched, group_size, tree_size, baseline, scale, eps)
+    return [
+        _tokens(trajectory, *pairs[i], step_credit)
+        for trajectory, i in zip(trajectories, share, strict=True)
+    ]
+
+
+def scaled_advantages(
+    everyone: Sequence[tuple[float, bool]],
+    branched: Sequence[bool],
+    group_size: int,
+    tree_size: int,
+    baseline: str,
+    scale: str,
+    eps: float = 1e-4,
+) -> list[tuple[float, float]]:
+    """Every episode's (shared, own) advantage, scaled as `group_advantages` scales: by its
+    group's reward std, the batch's (over episodes in groups of two or more valid), or not."""
+    if scale not in ("group", "batch", "none"):
+        raise ValueError(f"unknown scale {scale!r}")
     pairs: list[tuple[float, float]] = []
     spreads: list[float] = []
-    used = [False] * len(everyone)
+    in_batch: list[float] = []  # the rewards `scale="batch"` takes the std of
     for start in range(0, len(everyone), group_size):
         members = range(start, start + group_size)
         rewards = [everyone[i][0] for i in members]
@@ -102,37 +122,37 @@ def tree_credit(
         pairs.extend(member_advantages(rewards, valid, trees, baseline))
         kept = [r for r, ok in zip(rewards, valid, strict=True) if ok]
         spreads.append(statistics.stdev(kept) if len(kept) > 1 else 0.0)
-        for i in members:
-            used[i] = everyone[i][1] and len(kept) > 1
-    batch = [r for (r, _), u in zip(everyone, used, strict=True) if u]
-    batch_spread = statistics.stdev(batch) if len(batch) > 1 else 0.0
-    credit: list[list[list[float]]] = []
-    for trajectory, i in zip(trajectories, share, strict=True):
-        if scale == "group":
-            divisor = spreads[i // group_size] + eps
-        elif scale == "batch":
-            divisor = batch_spread + eps
-        elif scale == "none":
-            divisor = 1.0
+        in_batch.extend(kept if len(kept) > 1 else [])
+    batch_spread = statistics.stdev(in_batch) if len(in_batch) > 1 else 0.0
+    divisors = {"group": [s + eps for s in spreads], "batch": [batch_spread + eps] * len(spreads)}
+    return [
+        (shared / divisors[scale][i // group_size], own / divisors[scale][i // group_size])
+        if scale != "none"
+        else (shared, own)
+        for i, (shared, own) in enumerate(pairs)
+    ]
+
+
+def _tokens(
+    trajectory: Trajectory, shared: float, own: float, step_credit: bool
+) -> list[list[float]]:
+    """One episode's per-token credit: `shared` on the tokens it shares with its tree (all
+    of them for a tree of one), `own` after; step rewards added on their spans."""
+    credited = (
+        {step_reward_sample(trajectory, s) for s in trajectory.step_rewards}
+        if step_credit
+        else set()
+    )
+    samples = []
+    for at, sample in enumerate(trajectory.samples):
+        length = len(sample.completion_ids)
+        if not trajectory.shared:  # a tree of one: its own mean is its reward
+            cut = length
         else:
-            raise ValueError(f"unknown scale {scale!r}")
-        shared_advantage, own_advantage = (value / divisor for value in pairs[i])
-        credited = (
-            {step_reward_sample(trajectory, s) for s in trajectory.step_rewards}
-            if step_credit
-            else set()
-        )
-        samples = []
-        for at, sample in enumerate(trajectory.samples):
-            length = len(sample.completion_ids)
-            if not trajectory.shared:  # a tree of one: its own mean is its reward
-                cut = length
-            else:
-                cut = min(trajectory.shared[at], length) if at < len(trajectory.shared) else 0
-            tokens = [shared_advantage] * cut + [own_advantage] * (length - cut)
-            if at in credited:
-                bonus = step_reward_bonus(trajectory, at)
-                tokens = [value + extra for value, extra in zip(tokens, bonus, strict=True)]
-            samples.append(tokens)
-        credit.append(samples)
-    return credit
+            cut = min(trajectory.shared[at], length) if at < len(trajectory.shared) else 0
+        tokens = [shared] * cut + [own] * (length - cut)
+        if at in credited:
+            bonus = step_reward_bonus(trajectory, at)
+            tokens = [value + extra for value, extra in zip(tokens, bonus, strict=True)]
+        samples.append(tokens)
+    return samples

@@ -26,6 +26,7 @@ refused when the trainer is built.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -96,29 +97,12 @@ def play_trees(
     if not all(isinstance(env, Stepper) for env in envs):
         raise TypeError("a tree rollout forks stepped environments (toolgym.make, as_environment)")
     paused: dict[int, _Paused] = {}
-
-    async def until_branch(ctx: RolloutContext, env: Any) -> Trajectory:
-        markers = inline_markers(env)
-        if markers:
-            ctx.tools = []  # inline episodes call no tools
-        trajectory = ctx.start(tools=ctx.tools)
-        start = len(trajectory.completion_ids)
-        if markers:
-            ended = await inline_turns(ctx, trajectory, markers, at_turn)
-        else:
-            ended = await chat_turns(ctx, trajectory, 0, at_turn)
-        if ended:
-            return trajectory  # ended before the branch point: no tree
-        paused[id(env)] = _Paused([dict(m) for m in ctx.messages], ctx.context(), start)
-        ctx.reward = 0.0  # nothing is read of the environment at the branch point
-        return trajectory
-
     roots = list(range(0, len(envs), group))
     agent.run(
         [envs[i] for i in roots],
         [rows[i] for i in roots],
         [seeds[i] for i in roots],
-        rollout_fn=until_branch,
+        rollout_fn=functools.partial(_until_branch, at_turn=at_turn, paused=paused),
     )
     played: list[Any] = list(envs)
     try:
@@ -140,6 +124,27 @@ def play_trees(
                 env.close()
         raise
     return trajectories, played
+
+
+async def _until_branch(
+    ctx: RolloutContext, env: Any, at_turn: int, paused: dict[int, _Paused]
+) -> Trajectory:
+    """A root's rollout: its first `at_turn` turns, then it stops, its state kept in `paused`
+    (by its environment's id); a root that ends before then is not kept (no tree)."""
+    markers = inline_markers(env)
+    if markers:
+        ctx.tools = []  # inline episodes call no tools
+    trajectory = ctx.start(tools=ctx.tools)
+    start = len(trajectory.completion_ids)
+    if markers:
+        ended = await inline_turns(ctx, trajectory, markers, at_turn)
+    else:
+        ended = await chat_turns(ctx, trajectory, 0, at_turn)
+    if ended:
+        return trajectory  # ended before the branch point: no tree
+    paused[id(env)] = _Paused([dict(m) for m in ctx.messages], ctx.context(), start)
+    ctx.reward = 0.0  # nothing is read of the environment at the branch point
+    return trajectory
 
 
 def _branch_row(row: Row, env: Any) -> Row:
